@@ -1,0 +1,308 @@
+"""Structured-config schemas and validation: the one place bad input is rejected.
+
+The schemas are registered with Hydra's ConfigStore as ``train_schema``; ``conf/train.yaml`` lists it first in its
+defaults, so every composed config is typed and in struct mode: a misspelled key or a wrong type fails at compose time.
+:func:`validate` then checks the value constraints (ranges, sums, names, files) before any data or training work.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+DATA_NAMES = ("builtin", "text_files")
+OBJECTIVES = ("mlm", "none")
+MASK_NAMES = ("bert",)
+LR_SCHEDULES = ("linear", "cosine", "constant")
+DOC_SEPS = ("line", "blank_line")
+WANDB_MODES = ("offline", "online", "disabled")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the key and the allowed values."""
+
+
+@dataclass
+class DataConfig:
+    name: str = "builtin"
+    # text_files: a .txt file or a directory of .txt files; one document per line or blank-line separated
+    path: Optional[str] = None
+    val_path: Optional[str] = None  # text_files: held-out documents; default: the last val_fraction of documents
+    val_fraction: float = 0.02
+    doc_sep: str = "line"
+    max_seq_len: int = 128
+    # builtin: the generated language (see mlmlab/data/builtin.py)
+    n_docs: int = 30000
+    n_val_docs: int = 600
+    n_topics: int = 8
+    corpus_seed: int = 0
+    # loading
+    batch_size: int = 64
+    val_batch_size: int = 128
+    max_val_blocks: int = 256
+    num_workers: int = 0
+
+
+@dataclass
+class TokenizerConfig:
+    name: str = "wordpiece"
+    vocab_size: int = 2048
+    lowercase: bool = True
+    min_frequency: int = 2
+
+
+@dataclass
+class ModelConfig:
+    name: str = "small"
+    hidden_size: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 1024
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+
+
+@dataclass
+class ReplaceConfig:
+    mask: float = 0.8
+    random: float = 0.1
+    keep: float = 0.1
+
+
+@dataclass
+class MaskConfig:
+    name: str = "bert"
+    rate: float = 0.15  # selection probability of every non-special token
+    replace: ReplaceConfig = field(default_factory=ReplaceConfig)
+
+
+@dataclass
+class EvalConfig:
+    """Fixed evaluation masks: the validation set is masked once with these settings, identical for every run."""
+
+    rate: float = 0.15
+    seed: int = 1234
+    replace: ReplaceConfig = field(default_factory=ReplaceConfig)
+
+
+@dataclass
+class ObjectiveConfig:
+    name: str = "mlm"
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1e-6
+    warmup_steps: int = 50
+    schedule: str = "linear"  # decay after warmup: linear | cosine | constant
+    min_lr_ratio: float = 0.0
+
+
+@dataclass
+class TrainerConfig:
+    accelerator: str = "auto"
+    devices: Any = "auto"
+    strategy: str = "auto"
+    num_nodes: int = 1
+    precision: str = "32-true"
+    max_steps: int = 600
+    val_check_interval: int = 200  # steps
+    log_every_n_steps: int = 10
+    gradient_clip_val: Optional[float] = 1.0
+    accumulate_grad_batches: int = 1
+    deterministic: bool = False
+    enable_progress_bar: bool = True
+
+
+@dataclass
+class WandbConfig:
+    project: str = "mlmlab"
+    entity: Optional[str] = None
+    mode: str = "offline"
+    group: Optional[str] = None  # default: the sweep dir name in a multirun, "single" otherwise
+    name: Optional[str] = None  # default: the job's overrides
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LoggerConfig:
+    wandb: Optional[WandbConfig] = None
+
+
+@dataclass
+class FinetuneConfig:
+    lr: float = 3e-4
+    epochs: int = 6
+    batch_size: int = 32
+    max_seq_len: int = 64
+    weight_decay: float = 0.01
+    warmup_frac: float = 0.1
+    dropout: float = 0.1
+
+
+@dataclass
+class DownstreamConfig:
+    tasks: list[str] = field(default_factory=lambda: ["builtin_sentiment", "builtin_topic"])
+    seeds: list[int] = field(default_factory=lambda: [0, 1])
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    # built-in tasks: sizes of the generated splits
+    builtin_n_train: int = 800
+    builtin_n_test: int = 1000
+
+
+@dataclass
+class CallbacksConfig:
+    checkpoint: bool = True  # save <output_dir>/checkpoints/last.ckpt after pretraining
+
+
+@dataclass
+class PathsConfig:
+    output_dir: str = MISSING
+    cache_dir: str = "~/.cache/mlmlab"
+    data_dir: Optional[str] = None  # ../shared/data-style folder (env MLMLAB_DATA_DIR)
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    mask: MaskConfig = field(default_factory=MaskConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    downstream: DownstreamConfig = field(default_factory=DownstreamConfig)
+    callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+register_configs()
+
+
+# ----------------------------------------------------------------------------------------------------- validation
+
+
+def _check(ok: bool, msg: str) -> None:
+    if not ok:
+        raise ConfigError(msg)
+
+
+def _check_choice(key: str, value, allowed) -> None:
+    _check(value in allowed, f"{key}={value!r} is not known; allowed: {', '.join(map(str, allowed))}")
+
+
+def _check_replace(key: str, r) -> None:
+    vals = {"mask": r.mask, "random": r.random, "keep": r.keep}
+    for k, v in vals.items():
+        _check(v >= 0 and math.isfinite(v), f"{key}.{k}={v} must be >= 0 (ratios of [MASK]/random/keep)")
+    total = sum(vals.values())
+    _check(
+        abs(total - 1.0) < 1e-6,
+        f"{key}.mask + {key}.random + {key}.keep must sum to 1, got {total:g} "
+        f"({vals['mask']:g} + {vals['random']:g} + {vals['keep']:g})",
+    )
+
+
+def _check_rate(key: str, rate: float) -> None:
+    _check(0.0 < rate < 1.0, f"{key}={rate} must be in the open interval (0, 1)")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Reject bad values with a :class:`ConfigError` naming the key and the allowed values. Does no data work."""
+    from mlmlab.data.tasks import TASKS  # local: keeps config importable without the data stack
+    from mlmlab.data.tokenizer import SPECIAL_TOKENS
+
+    _check_choice("objective.name", cfg.objective.name, OBJECTIVES)
+    _check_choice("mask.name", cfg.mask.name, MASK_NAMES)
+    _check_rate("mask.rate", cfg.mask.rate)
+    _check_replace("mask.replace", cfg.mask.replace)
+    _check_rate("eval.rate", cfg.eval.rate)
+    _check_replace("eval.replace", cfg.eval.replace)
+
+    d = cfg.data
+    _check_choice("data.name", d.name, DATA_NAMES)
+    _check_choice("data.doc_sep", d.doc_sep, DOC_SEPS)
+    _check(d.max_seq_len >= 8, f"data.max_seq_len={d.max_seq_len} must be >= 8")
+    _check(
+        d.max_seq_len <= cfg.model.max_position_embeddings,
+        f"data.max_seq_len={d.max_seq_len} exceeds model.max_position_embeddings="
+        f"{cfg.model.max_position_embeddings} (model={cfg.model.name}); allowed: 8..{cfg.model.max_position_embeddings}",
+    )
+    _check(d.batch_size >= 1, f"data.batch_size={d.batch_size} must be >= 1")
+    _check(0.0 < d.val_fraction < 1.0, f"data.val_fraction={d.val_fraction} must be in (0, 1)")
+    if d.name == "builtin":
+        _check(d.n_docs >= 10, f"data.n_docs={d.n_docs} must be >= 10")
+        _check(d.n_val_docs >= 1, f"data.n_val_docs={d.n_val_docs} must be >= 1")
+        _check(d.n_topics >= 2, f"data.n_topics={d.n_topics} must be >= 2")
+    else:
+        _check(d.path is not None, f"data.path is required for data={d.name} (a .txt file or a folder of .txt files)")
+        from mlmlab.data.corpus import text_files  # raises ConfigError naming data.path
+
+        text_files(d.path, "data.path")
+        if d.val_path is not None:
+            text_files(d.val_path, "data.val_path")
+
+    t = cfg.tokenizer
+    _check_choice("tokenizer.name", t.name, ("wordpiece",))
+    _check(
+        t.vocab_size > len(SPECIAL_TOKENS),
+        f"tokenizer.vocab_size={t.vocab_size} must be larger than the {len(SPECIAL_TOKENS)} special tokens "
+        f"({' '.join(SPECIAL_TOKENS)})",
+    )
+
+    m = cfg.model
+    _check(m.hidden_size % m.num_heads == 0, f"model.hidden_size={m.hidden_size} must be divisible by model.num_heads={m.num_heads}")
+    for k in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
+        _check(getattr(m, k) >= 1, f"model.{k}={getattr(m, k)} must be >= 1")
+
+    o = cfg.optim
+    _check_choice("optim.name", o.name, ("adamw",))
+    _check_choice("optim.schedule", o.schedule, LR_SCHEDULES)
+    _check(o.lr > 0, f"optim.lr={o.lr} must be > 0")
+    _check(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), f"optim.betas={list(o.betas)} must be two values in [0, 1)")
+    _check(cfg.trainer.max_steps >= 1, f"trainer.max_steps={cfg.trainer.max_steps} must be >= 1")
+
+    ds = cfg.downstream
+    for i, name in enumerate(ds.tasks):
+        _check_choice(f"downstream.tasks[{i}]", name, sorted(TASKS))
+        TASKS[name].check_available(cfg)
+    _check(len(ds.tasks) == 0 or len(ds.seeds) >= 1, "downstream.seeds must list at least one seed when tasks are set")
+    _check(ds.finetune.epochs >= 1, f"downstream.finetune.epochs={ds.finetune.epochs} must be >= 1")
+    _check(
+        ds.finetune.max_seq_len <= m.max_position_embeddings,
+        f"downstream.finetune.max_seq_len={ds.finetune.max_seq_len} exceeds model.max_position_embeddings={m.max_position_embeddings}",
+    )
+
+    if cfg.logger.wandb is not None:
+        _check_choice("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
+
+
+def to_container(cfg: DictConfig) -> dict:
+    """The whole resolved config as plain Python (Hydra's own node dropped)."""
+    c = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    c.pop("hydra", None)
+    return c
+
+
+def resolve_path(p: str | None) -> Path | None:
+    return None if p is None else Path(p).expanduser()

@@ -1,0 +1,153 @@
+"""Corpus loading, tokenization and packing, each cached by a hash of the config that produced it.
+
+Packing: the documents of a split are tokenized once, joined into one stream with ``[SEP]`` between documents, and cut
+into blocks ``[CLS] <max_seq_len - 2 tokens> [SEP]``. Each block carries its ``special_tokens_mask`` and ``word_ids``
+(index of the word a token belongs to, counted from 0 in each block; -1 on special tokens and padding), computed here
+once rather than per batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from mlmlab.config import ConfigError
+from mlmlab.data import builtin
+from mlmlab.data.cache import cached_file
+from mlmlab.data.tokenizer import CLS, PAD, SEP, SPECIAL_TOKENS, UNK, load_tokenizer, train_wordpiece
+
+
+def text_files(path: str, key: str = "data.path") -> list[Path]:
+    """The .txt files behind a path (a file, or a folder searched recursively); ConfigError if none holds text."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ConfigError(f"{key}={path!r} does not exist (expected a .txt file or a folder of .txt files)")
+    files = [p] if p.is_file() else sorted(f for f in p.rglob("*.txt") if f.is_file())
+    if not files:
+        raise ConfigError(f"{key}={path!r} holds no .txt files")
+    if not any(f.stat().st_size > 0 and f.read_text(encoding="utf-8", errors="replace").strip() for f in files):
+        raise ConfigError(f"{key}={path!r} holds no text (all files are empty)")
+    return files
+
+
+def _files_key(path: str, key: str) -> list:
+    return [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in text_files(path, key)]
+
+
+def corpus_key(d: DictConfig) -> dict:
+    """What identifies the documents of a corpus (not how they are tokenized or packed)."""
+    if d.name == "builtin":
+        return {"name": "builtin", "n_docs": d.n_docs, "n_val_docs": d.n_val_docs, "n_topics": d.n_topics,
+                "corpus_seed": d.corpus_seed, "version": 1}
+    key = {"name": d.name, "files": _files_key(d.path, "data.path"), "doc_sep": d.doc_sep}
+    if d.val_path is not None:
+        key["val_files"] = _files_key(d.val_path, "data.val_path")
+    else:
+        key["val_fraction"] = d.val_fraction
+    return key
+
+
+def _read_docs(path: str, doc_sep: str, key: str) -> list[str]:
+    import datasets
+
+    files = [str(f) for f in text_files(path, key)]
+    ds = datasets.load_dataset(
+        "text", data_files=files, split="train", sample_by="paragraph" if doc_sep == "blank_line" else "line",
+        keep_in_memory=True,
+    )
+    docs = [t.strip() for t in ds["text"]]
+    return [t for t in docs if t]
+
+
+def load_documents(d: DictConfig) -> dict[str, list[str]]:
+    """``{"train": [...], "validation": [...]}`` documents for the data config."""
+    if d.name == "builtin":
+        return {
+            "train": builtin.generate_corpus(d.n_docs, seed=d.corpus_seed, n_topics=d.n_topics),
+            "validation": builtin.generate_corpus(d.n_val_docs, seed=d.corpus_seed + 10_000, n_topics=d.n_topics),
+        }
+    train = _read_docs(d.path, d.doc_sep, "data.path")
+    if d.val_path is not None:
+        return {"train": train, "validation": _read_docs(d.val_path, d.doc_sep, "data.val_path")}
+    n_val = max(1, int(round(len(train) * d.val_fraction)))
+    if len(train) < 2:
+        raise ConfigError(f"data.path={d.path!r} holds {len(train)} document(s); need >= 2 to hold out validation")
+    return {"train": train[:-n_val], "validation": train[-n_val:]}
+
+
+def tokenizer_key(cfg: DictConfig) -> dict:
+    return {"corpus": corpus_key(cfg.data), "tokenizer": dict(cfg.tokenizer)}
+
+
+def pack(ids: list[list[int]], word_ids: list[list[int | None]], max_seq_len: int) -> dict[str, torch.Tensor]:
+    """Pack tokenized documents into ``[CLS] ... [SEP]`` blocks (the last one padded)."""
+    body = max_seq_len - 2
+    stream, words, offset = [], [], 0
+    for doc_ids, doc_words in zip(ids, word_ids):
+        if not doc_ids:
+            continue
+        stream.append(np.asarray(doc_ids, dtype=np.int64))
+        w = np.asarray([-1 if x is None else x for x in doc_words], dtype=np.int64)
+        words.append(np.where(w >= 0, w + offset, -1))
+        offset += int(w.max()) + 1 if (w >= 0).any() else 0
+        stream.append(np.asarray([SEP], dtype=np.int64))
+        words.append(np.asarray([-1], dtype=np.int64))
+    if not stream:
+        raise ConfigError("the corpus produced no tokens")
+    flat, flat_w = np.concatenate(stream[:-1]), np.concatenate(words[:-1])  # no trailing [SEP]
+    n = -(-len(flat) // body)
+    pad = n * body - len(flat)
+    flat = np.concatenate([flat, np.full(pad, PAD)]).reshape(n, body)
+    flat_w = np.concatenate([flat_w, np.full(pad, -1)]).reshape(n, body)
+    input_ids = np.concatenate([np.full((n, 1), CLS), flat, np.full((n, 1), SEP)], axis=1)
+    if pad:  # move the last block's closing [SEP] right after its last real token
+        last = input_ids[-1]
+        last[-1] = PAD
+        last[1 + body - pad] = SEP
+    wid = np.concatenate([np.full((n, 1), -1), flat_w, np.full((n, 1), -1)], axis=1)
+    first = np.where(wid >= 0, wid, np.iinfo(np.int64).max).min(axis=1, keepdims=True)
+    wid = np.where(wid >= 0, wid - np.where(first == np.iinfo(np.int64).max, 0, first), -1)
+    special = input_ids < len(SPECIAL_TOKENS)
+    special &= input_ids != UNK  # [UNK] is an ordinary token: it may be masked and predicted
+    return {
+        "input_ids": torch.from_numpy(input_ids.astype(np.int32)),
+        "special_tokens_mask": torch.from_numpy(special),
+        "word_ids": torch.from_numpy(wid.astype(np.int32)),
+    }
+
+
+def tokenize(tok, texts: list[str]) -> tuple[list[list[int]], list[list[int | None]]]:
+    encs = tok.encode_batch(texts, add_special_tokens=False)
+    return [e.ids for e in encs], [e.word_ids for e in encs]
+
+
+def get_blocks(cfg: DictConfig) -> tuple[object, dict[str, dict[str, torch.Tensor]]]:
+    """The tokenizer and the packed blocks of both splits, from the cache when the same config made them before."""
+    docs: dict[str, list[str]] = {}
+
+    def lazy_docs() -> dict[str, list[str]]:
+        if not docs:
+            docs.update(load_documents(cfg.data))
+        return docs
+
+    def build_tok(tmp: Path) -> None:
+        t = cfg.tokenizer
+        train_wordpiece(lazy_docs()["train"], t.vocab_size, t.lowercase, t.min_frequency).save(str(tmp))
+
+    tok = load_tokenizer(cached_file(cfg.paths.cache_dir, "tokenizer", tokenizer_key(cfg), "tokenizer.json", build_tok))
+
+    def build_blocks(tmp: Path) -> None:
+        out = {}
+        for split, texts in lazy_docs().items():
+            out[split] = pack(*tokenize(tok, texts), cfg.data.max_seq_len)
+        with open(tmp, "wb") as f:
+            torch.save(out, f)
+
+    key = {**tokenizer_key(cfg), "max_seq_len": cfg.data.max_seq_len, "packing": 1}
+    path = cached_file(cfg.paths.cache_dir, "blocks", key, "blocks.pt", build_blocks)
+    return tok, torch.load(path, weights_only=True)
+
+

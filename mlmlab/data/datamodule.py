@@ -1,0 +1,46 @@
+"""LightningDataModule over packed blocks: shuffled training blocks, fixed-mask validation blocks."""
+
+from __future__ import annotations
+
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from mlmlab.data.tokenizer import PAD
+
+
+class DictDataset(Dataset):
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self.tensors = tensors
+        self.n = len(next(iter(tensors.values())))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {k: v[i] for k, v in self.tensors.items()}
+
+
+def with_attention_mask(blocks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {**blocks, "attention_mask": blocks["input_ids"] != PAD}
+
+
+class PretrainDataModule(pl.LightningDataModule):
+    """``train``: blocks with input_ids / attention_mask / special_tokens_mask / word_ids (masked on the device).
+    ``val``: blocks already masked with the fixed evaluation masks (input_ids corrupted, labels set)."""
+
+    def __init__(self, train: dict[str, torch.Tensor], val: dict[str, torch.Tensor], batch_size: int,
+                 val_batch_size: int, seed: int, num_workers: int = 0):
+        super().__init__()
+        self.train_set = DictDataset(with_attention_mask(train))
+        self.val_set = DictDataset(val)
+        self.batch_size, self.val_batch_size = batch_size, val_batch_size
+        self.seed, self.num_workers = seed, num_workers
+
+    def train_dataloader(self) -> DataLoader:
+        g = torch.Generator().manual_seed(self.seed)
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, drop_last=True, generator=g,
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=self.val_batch_size, shuffle=False, num_workers=0)

@@ -1,0 +1,55 @@
+"""Masked-language-model pretraining. Masking happens here, on the batch's device, inside ``training_step``."""
+
+from __future__ import annotations
+
+import pytorch_lightning as pl
+import torch
+
+from mlmlab.lit.optim import adamw_with_schedule
+from mlmlab.masking import BertMasker, Constant, UniformSampler, make_generator, telemetry
+from mlmlab.models.encoder import BertForMLM, EncoderConfig
+
+TRAIN_STREAM = 0  # first seed part of the training mask stream (other streams, e.g. eval, use other tags)
+
+
+class MLMModule(pl.LightningModule):
+    def __init__(self, encoder: dict, mask: dict, optim: dict, seed: int, max_steps: int, special_ids: list[int],
+                 mask_token_id: int, eval_suffix: str = "r15"):
+        super().__init__()
+        self.save_hyperparameters()
+        self.model = BertForMLM(EncoderConfig(**encoder))
+        r = mask["replace"]
+        self.masker = BertMasker(mask_token_id, r["mask"], r["random"], r["keep"],
+                                 sampler=UniformSampler(encoder["vocab_size"], special_ids))
+        self.schedule = Constant(mask["rate"])
+        self.seed, self.max_steps, self.eval_suffix = seed, max_steps, eval_suffix
+
+    def mask_generator(self, batch_idx: int) -> torch.Generator:
+        micro = batch_idx % max(1, self.trainer.accumulate_grad_batches) if self._trainer is not None else 0
+        return make_generator(self.device, TRAIN_STREAM, self.seed, self.global_rank, self.global_step, micro)
+
+    def training_step(self, batch, batch_idx):
+        rate = self.schedule(self.global_step, self.max_steps)
+        ids, special = batch["input_ids"], batch["special_tokens_mask"]
+        out = self.masker(ids, special, rate, self.mask_generator(batch_idx))
+        loss, logits, targets = self.model.mlm_loss(out.input_ids, batch["attention_mask"], out.labels)
+        with torch.no_grad():
+            acc = (logits.argmax(-1) == targets).float().mean() if targets.numel() else loss.new_zeros(())
+            stats = {f"train/{k}": v for k, v in telemetry(ids, special, out).items()}
+        self.log("train/mlm_loss", loss, prog_bar=True)
+        self.log("train/mlm_acc", acc)
+        self.log("train/mask_rate", float(rate))
+        self.log_dict(stats)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        loss, logits, targets = self.model.mlm_loss(batch["input_ids"], batch["attention_mask"], batch["labels"])
+        n = max(1, targets.numel())  # token-weighted mean over the whole fixed-mask set
+        acc = (logits.argmax(-1) == targets).float().mean() if targets.numel() else loss.new_zeros(())
+        self.log(f"val/mlm_loss_{self.eval_suffix}", loss, batch_size=n, prog_bar=True)
+        self.log(f"val/mlm_acc_{self.eval_suffix}", acc, batch_size=n)
+
+    def configure_optimizers(self):
+        o = self.hparams.optim
+        return adamw_with_schedule(self.model, o["lr"], o["weight_decay"], o["betas"], o["eps"], o["warmup_steps"],
+                                   self.max_steps, o["schedule"], o["min_lr_ratio"])

@@ -1,0 +1,186 @@
+"""A BERT-style encoder (post-LN, learned positions, SDPA attention) with a tied MLM decoder.
+
+Parameter names follow transformers' ``BertForMaskedLM`` exactly, so ``BertForMLM().state_dict()`` loads into
+``BertForMaskedLM`` (and back) and both give the same logits; ``tests/test_encoder.py`` checks that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mlmlab.models.heads import ClassificationHead, MLMHead
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class EncoderConfig:
+    vocab_size: int
+    hidden_size: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 1024
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+
+    @classmethod
+    def from_model_cfg(cls, model_cfg, vocab_size: int) -> EncoderConfig:
+        keys = set(cls.__dataclass_fields__) - {"vocab_size"}
+        return cls(vocab_size=vocab_size, **{k: model_cfg[k] for k in keys})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Embeddings(nn.Module):
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.position_embeddings = nn.Embedding(c.max_position_embeddings, c.hidden_size)
+        self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size)
+        self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.dropout = nn.Dropout(c.dropout)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+        pos = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(pos)[None]
+        x = x + (self.token_type_embeddings.weight[0] if token_type_ids is None else self.token_type_embeddings(token_type_ids))
+        return self.dropout(self.LayerNorm(x))
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        self.num_heads, self.p_drop = c.num_heads, c.attention_dropout
+        self.query = nn.Linear(c.hidden_size, c.hidden_size)
+        self.key = nn.Linear(c.hidden_size, c.hidden_size)
+        self.value = nn.Linear(c.hidden_size, c.hidden_size)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        b, t, h = x.shape
+        q, k, v = (m(x).view(b, t, self.num_heads, h // self.num_heads).transpose(1, 2) for m in (self.query, self.key, self.value))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=self.p_drop if self.training else 0.0)
+        return y.transpose(1, 2).reshape(b, t, h)
+
+
+class SelfOutput(nn.Module):
+    def __init__(self, c: EncoderConfig, d_in: int):
+        super().__init__()
+        self.dense = nn.Linear(d_in, c.hidden_size)
+        self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.dropout = nn.Dropout(c.dropout)
+
+    def forward(self, y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(y)) + residual)  # post-LN, as in BERT
+
+
+class Attention(nn.Module):
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        self.self = SelfAttention(c)
+        self.output = SelfOutput(c, c.hidden_size)
+
+    def forward(self, x, attn_mask):
+        return self.output(self.self(x, attn_mask), x)
+
+
+class Intermediate(nn.Module):
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        self.dense = nn.Linear(c.hidden_size, c.intermediate_size)
+
+    def forward(self, x):
+        return F.gelu(self.dense(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        self.attention = Attention(c)
+        self.intermediate = Intermediate(c)
+        self.output = SelfOutput(c, c.intermediate_size)
+
+    def forward(self, x, attn_mask):
+        x = self.attention(x, attn_mask)
+        return self.output(self.intermediate(x), x)
+
+
+class Stack(nn.Module):
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(Layer(c) for _ in range(c.num_layers))
+
+    def forward(self, x, attn_mask):
+        for layer in self.layer:
+            x = layer(x, attn_mask)
+        return x
+
+
+class Encoder(nn.Module):
+    """Token ids -> contextual hidden states ``(batch, seq, hidden)``."""
+
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        self.config = c
+        self.embeddings = Embeddings(c)
+        self.encoder = Stack(c)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
+        attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        return self.encoder(self.embeddings(input_ids, token_type_ids), attn_mask)
+
+
+def init_weights(module: nn.Module, std: float) -> None:
+    """BERT's initialisation: N(0, std) weights, zero biases, unit LayerNorm."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=std)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
+class BertForMLM(nn.Module):
+    """Encoder + MLM head with the decoder tied to the word embeddings."""
+
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        self.config = c
+        self.bert = Encoder(c)
+        self.cls = MLMHead(c.hidden_size, c.vocab_size, c.layer_norm_eps)
+        init_weights(self, c.initializer_range)
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
+        """Dense logits ``(batch, seq, vocab)`` (for parity checks and inspection)."""
+        return self.cls(self.bert(input_ids, attention_mask, token_type_ids))
+
+    def mlm_loss(self, input_ids, attention_mask, labels) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sparse prediction: the head runs only on positions with a label. Returns (loss, logits, targets)."""
+        hidden = self.bert(input_ids, attention_mask)
+        sel = labels != IGNORE_INDEX
+        targets = labels[sel]
+        logits = self.cls(hidden[sel])
+        loss = F.cross_entropy(logits.float(), targets) if targets.numel() else logits.sum() * 0.0
+        return loss, logits, targets
+
+
+class SequenceClassifier(nn.Module):
+    def __init__(self, c: EncoderConfig, num_labels: int, dropout: float = 0.1):
+        super().__init__()
+        self.bert = Encoder(c)
+        self.head = ClassificationHead(c.hidden_size, num_labels, dropout)
+        init_weights(self, c.initializer_range)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
+        return self.head(self.bert(input_ids, attention_mask, token_type_ids))

@@ -1,0 +1,56 @@
+"""Heads on top of the encoder: the (sparse) MLM head and a sequence classification head."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class PredictionHeadTransform(nn.Module):
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.LayerNorm = nn.LayerNorm(hidden_size, eps=eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(F.gelu(self.dense(x)))
+
+
+class LMPredictionHead(nn.Module):
+    """transform -> decoder whose weight is the (tied) word-embedding matrix, plus a per-token bias."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, eps: float):
+        super().__init__()
+        self.transform = PredictionHeadTransform(hidden_size, eps)
+        self.decoder = nn.Linear(hidden_size, vocab_size)
+        self.bias = self.decoder.bias  # one parameter under both names, as in BertForMaskedLM
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(x))
+
+
+class MLMHead(nn.Module):
+    """Named like transformers' ``BertOnlyMLMHead`` so state dicts line up (``cls.predictions.*``)."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, eps: float):
+        super().__init__()
+        self.predictions = LMPredictionHead(hidden_size, vocab_size, eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.predictions(x)
+
+
+class ClassificationHead(nn.Module):
+    """[CLS] vector -> dropout -> dense+tanh -> dropout -> logits."""
+
+    def __init__(self, hidden_size: int, num_labels: int, dropout: float):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.out_proj = nn.Linear(hidden_size, num_labels)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        x = self.dropout(hidden[:, 0])
+        x = self.dropout(torch.tanh(self.dense(x)))
+        return self.out_proj(x)

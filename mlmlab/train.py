@@ -1,0 +1,188 @@
+"""Hydra entry point: ``python -m mlmlab.train [overrides] [-m]``.
+
+One job = validate the config -> data (cached) -> MLM pretraining with on-device masking -> fixed-mask evaluation ->
+downstream fine-tuning over tasks x seeds -> ``results.json`` + W&B run. ``train(cfg)`` does the work and returns the
+metrics (usable from tests); ``main`` returns ``downstream/score`` for Hydra sweepers to optimise.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from mlmlab.config import ConfigError, to_container, validate
+
+log = logging.getLogger(__name__)
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+
+def hydra_info() -> dict:
+    """What Hydra knows about this job (empty outside Hydra, e.g. when a test calls ``train`` directly)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return {}
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    return {"overrides": list(hc.overrides.task), "override_dirname": hc.job.override_dirname, "multirun": multirun,
+            "sweep_dir": hc.sweep.dir if multirun else None, "job_num": hc.job.num if multirun else None}
+
+
+def eval_suffix(rate: float) -> str:
+    return f"r{round(rate * 100, 2):g}"
+
+
+def start_wandb(cfg: DictConfig, config: dict, info: dict, out_dir: Path):
+    w = cfg.logger.wandb
+    if w is None or w.mode == "disabled":
+        return None
+    import wandb
+
+    group = w.group or ("sweep_" + str(info["sweep_dir"]).strip("/").replace("/", "_") if info.get("multirun") else "single")
+    name = w.name or info.get("override_dirname") or "default"
+    return wandb.init(project=w.project, entity=w.entity, mode=w.mode, group=group, job_type="pretrain", name=name,
+                      tags=list(w.tags), config=config, dir=str(out_dir), reinit="create_new",
+                      settings=wandb.Settings(console="off", x_disable_stats=True))
+
+
+def trainer_kwargs(cfg: DictConfig) -> dict:
+    t = cfg.trainer
+    return {"accelerator": t.accelerator, "precision": t.precision, "deterministic": t.deterministic,
+            "enable_progress_bar": t.enable_progress_bar}
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Run one job; returns its metrics. Writes ``results.json`` (ok or failed) and finishes W&B whatever happens."""
+    info = hydra_info()
+    out_dir = Path(cfg.paths.output_dir).expanduser()
+    from mlmlab.results import RunRecord
+
+    record = RunRecord(out_dir, _safe_container(cfg), info.get("overrides"))
+    state: dict = {}  # _run puts the W&B run here as soon as it exists
+    ok = False
+    try:
+        validate(cfg)  # fail fast: nothing below runs on a bad config
+        out_dir.mkdir(parents=True, exist_ok=True)
+        config = to_container(cfg)
+        record.set(config=config)
+        metrics = _run(cfg, config, info, out_dir, record, state)
+        record.set(status="ok", metrics=metrics)
+        record.write()  # before W&B is finished: the local record never depends on W&B
+        ok = True
+        return metrics
+    except BaseException as e:
+        record.fail(e)
+        path = record.write()
+        log.error("job failed (%s: %s); record written to %s", type(e).__name__, e, path)
+        raise
+    finally:
+        run = state.get("run")
+        if run is not None:
+            try:
+                if ok:
+                    run.summary.update({k: v for k, v in record.data["metrics"].items()})
+                    run.summary.update({f"timings/{k}": v for k, v in record.data["timings_s"].items()})
+            finally:
+                run.finish(exit_code=0 if ok else 1)
+
+
+
+def _safe_container(cfg: DictConfig) -> dict:
+    try:
+        return to_container(cfg)
+    except Exception:  # an unresolvable interpolation must not hide the real error
+        return OmegaConf.to_container(cfg, resolve=False)
+
+
+def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state: dict) -> dict[str, float]:
+    import pytorch_lightning as pl
+    import torch
+    from pytorch_lightning.loggers import WandbLogger
+
+    from mlmlab.data.corpus import get_blocks
+    from mlmlab.data.datamodule import PretrainDataModule
+    from mlmlab.data.tokenizer import MASK, SPECIAL_TOKENS
+    from mlmlab.downstream import run_downstream
+    from mlmlab.lit.mlm import MLMModule
+    from mlmlab.masking import UniformSampler, mask_once
+    from mlmlab.models.encoder import EncoderConfig
+
+    warnings.filterwarnings("ignore", ".*does not have many workers.*")
+    warnings.filterwarnings("ignore", ".*exists and is not empty.*")
+    rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", 0)))
+
+    with record.timer("data"):
+        tok, blocks = get_blocks(cfg)
+        vocab_size = tok.get_vocab_size()
+        train_blocks, val_blocks = blocks["train"], blocks["validation"]
+        n_train = len(train_blocks["input_ids"])
+        if n_train < cfg.data.batch_size:
+            raise ConfigError(f"data.batch_size={cfg.data.batch_size} is larger than the {n_train} training blocks; "
+                              f"allowed: 1..{n_train}")
+        val_blocks = {k: v[: cfg.data.max_val_blocks] for k, v in val_blocks.items()}
+        e = cfg.eval
+        sampler = UniformSampler(vocab_size, range(len(SPECIAL_TOKENS)))
+        fixed = mask_once(val_blocks["input_ids"], val_blocks["special_tokens_mask"], e.rate, MASK,
+                          (e.replace.mask, e.replace.random, e.replace.keep), sampler, e.seed)
+        val = {"input_ids": fixed.input_ids, "labels": fixed.labels, "attention_mask": val_blocks["input_ids"] != 0}
+        dm = PretrainDataModule(train_blocks, val, cfg.data.batch_size, cfg.data.val_batch_size, cfg.seed,
+                                cfg.data.num_workers)
+    record.set(data={"vocab_size": vocab_size, "train_blocks": n_train, "val_blocks": len(val["input_ids"]),
+                     "train_tokens": int((train_blocks["input_ids"] != 0).sum()),
+                     "eval_masked_tokens": int((fixed.labels != -100).sum())})
+    log.info("data: %s", record.data["data"])
+
+    run = start_wandb(cfg, config, info, out_dir) if rank == 0 else None
+    state["run"] = run
+    logger = WandbLogger(experiment=run) if run is not None else False
+
+    encoder_cfg = EncoderConfig.from_model_cfg(cfg.model, vocab_size).to_dict()
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    module = MLMModule(encoder_cfg, OmegaConf.to_container(cfg.mask), OmegaConf.to_container(cfg.optim), cfg.seed,
+                       cfg.trainer.max_steps, list(range(len(SPECIAL_TOKENS))), MASK, eval_suffix(cfg.eval.rate))
+    record.set(model={"parameters": sum(p.numel() for p in module.model.parameters()), **encoder_cfg})
+    t = cfg.trainer
+    trainer = pl.Trainer(
+        **trainer_kwargs(cfg), devices=t.devices, strategy=t.strategy, num_nodes=t.num_nodes, max_steps=t.max_steps,
+        max_epochs=-1, val_check_interval=t.val_check_interval, check_val_every_n_epoch=None,
+        log_every_n_steps=t.log_every_n_steps, gradient_clip_val=t.gradient_clip_val,
+        accumulate_grad_batches=t.accumulate_grad_batches, logger=logger, enable_checkpointing=False,
+        num_sanity_val_steps=0, default_root_dir=str(out_dir),
+    )
+    metrics: dict[str, float] = {}
+    if cfg.objective.name == "mlm":
+        with record.timer("pretrain"):
+            trainer.fit(module, datamodule=dm)
+        metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")})
+        metrics["train/steps"] = trainer.global_step
+        if cfg.callbacks.checkpoint:
+            trainer.save_checkpoint(out_dir / "checkpoints" / "last.ckpt")
+    with record.timer("eval"):
+        (val_metrics,) = trainer.validate(module, datamodule=dm, verbose=False)
+    metrics.update({k: float(v) for k, v in val_metrics.items()})
+    if not trainer.is_global_zero:
+        return metrics
+
+    encoder_state = {k: v.detach().cpu().clone() for k, v in module.model.bert.state_dict().items()}
+    with record.timer("finetune"):
+        ft = run_downstream(cfg, tok, encoder_cfg, encoder_state,
+                            {**trainer_kwargs(cfg), "devices": 1, "enable_progress_bar": False})
+    metrics.update(ft)
+    log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})
+    return metrics
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+def main(cfg: DictConfig) -> float:
+    return train(cfg)["downstream/score"]
+
+
+if __name__ == "__main__":
+    main()
