@@ -35,16 +35,16 @@ class DataConfig:
     val_path: Optional[str] = None  # text_files: held-out documents; default: the last val_fraction of documents
     val_fraction: float = 0.02
     doc_sep: str = "line"
-    max_seq_len: int = 128
+    max_seq_len: int = 64
     # builtin: the generated language (see mlmlab/data/builtin.py)
     n_docs: int = 30000
-    n_val_docs: int = 600
+    n_val_docs: int = 1000
     n_topics: int = 8
     corpus_seed: int = 0
     # loading
-    batch_size: int = 64
+    batch_size: int = 32
     val_batch_size: int = 128
-    max_val_blocks: int = 256
+    max_val_blocks: int = 1024
     num_workers: int = 0
 
 
@@ -106,7 +106,7 @@ class OptimConfig:
     weight_decay: float = 0.01
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-6
-    warmup_steps: int = 50
+    warmup_steps: int = 40
     schedule: str = "linear"  # decay after warmup: linear | cosine | constant
     min_lr_ratio: float = 0.0
 
@@ -118,8 +118,8 @@ class TrainerConfig:
     strategy: str = "auto"
     num_nodes: int = 1
     precision: str = "32-true"
-    max_steps: int = 600
-    val_check_interval: int = 200  # steps
+    max_steps: int = 400
+    val_check_interval: int = 100  # steps
     log_every_n_steps: int = 10
     gradient_clip_val: Optional[float] = 1.0
     accumulate_grad_batches: int = 1
@@ -145,12 +145,13 @@ class LoggerConfig:
 @dataclass
 class FinetuneConfig:
     lr: float = 3e-4
-    epochs: int = 6
+    epochs: int = 4
     batch_size: int = 32
     max_seq_len: int = 64
     weight_decay: float = 0.01
     warmup_frac: float = 0.1
     dropout: float = 0.1
+    pooling: str = "mean"  # mean | cls
 
 
 @dataclass
@@ -159,7 +160,7 @@ class DownstreamConfig:
     seeds: list[int] = field(default_factory=lambda: [0, 1])
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     # built-in tasks: sizes of the generated splits
-    builtin_n_train: int = 800
+    builtin_n_train: int = 512
     builtin_n_test: int = 1000
 
 
@@ -287,6 +288,7 @@ def validate(cfg: DictConfig) -> None:
         _check_choice(f"downstream.tasks[{i}]", name, sorted(TASKS))
         TASKS[name].check_available(cfg)
     _check(len(ds.tasks) == 0 or len(ds.seeds) >= 1, "downstream.seeds must list at least one seed when tasks are set")
+    _check_choice("downstream.finetune.pooling", ds.finetune.pooling, ("mean", "cls"))
     _check(ds.finetune.epochs >= 1, f"downstream.finetune.epochs={ds.finetune.epochs} must be >= 1")
     _check(
         ds.finetune.max_seq_len <= m.max_position_embeddings,

@@ -62,7 +62,7 @@ def finetune_one(cfg: DictConfig, encoder_cfg: dict, encoder_state: dict, num_la
     test_dl = DataLoader(test, batch_size=max(64, f.batch_size), shuffle=False, collate_fn=collate)
     total = f.epochs * len(train_dl)
     module = FinetuneModule({**encoder_cfg, "dropout": f.dropout}, num_labels, f.lr, f.weight_decay, f.warmup_frac,
-                            total, f.dropout, encoder_state)
+                            total, f.dropout, encoder_state, f.pooling)
     trainer = pl.Trainer(max_epochs=f.epochs, logger=False, enable_checkpointing=False, enable_model_summary=False,
                          num_sanity_val_steps=0, **trainer_kwargs)
     trainer.fit(module, train_dataloaders=train_dl)

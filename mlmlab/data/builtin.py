@@ -29,12 +29,12 @@ _VOWELS = ["a", "e", "i", "o", "u", "ai", "ou"]
 _CODAS = ["", "", "", "n", "r", "s", "l", "k"]
 
 FUNCTION_WORDS = ["the", "a", "this", "it", "was", "is", "and", "but", "i", "my", "so", "with", "of", "very"]
-N_POLAR_ADJ = 80  # per polarity
-N_POLAR_VERB = 16  # per polarity
+N_POLAR_ADJ = 40  # per polarity
+N_POLAR_VERB = 6  # per polarity: frequent cue words, never in task examples
 N_NEUTRAL_ADJ = 60
 N_INTENSIFIERS = 12
-N_NOUNS = 60  # per topic
-N_TOPIC_VERBS = 16  # per topic
+N_NOUNS = 30  # per topic
+N_TOPIC_VERBS = 8  # per topic
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def make_lexicon(seed: int, n_topics: int) -> Lexicon:
     )
 
 
-def _zipf_weights(n: int, exponent: float = 1.0) -> list[float]:
+def _zipf_weights(n: int, exponent: float = 0.7) -> list[float]:
     return [1.0 / (r + 1) ** exponent for r in range(n)]
 
 
@@ -123,10 +123,12 @@ class _Writer:
         )
 
     def verb_opinion(self) -> str:
+        v, n, a = self.rng.choice(self.verbs), self.pick(self.nouns), self.pick(self.adjs)
         return self.rng.choice(
             [
-                f"i {self.pick(self.verbs)} this {self.pick(self.nouns)} .",
-                f"i {self.pick(self.verbs)} it and i {self.pick(self.verbs)} the {self.pick(self.nouns)} .",
+                f"i {v} this {n} , so {a} .",
+                f"{a} {n} , i {v} it .",
+                f"i {v} the {a} {n} and i {self.rng.choice(self.verbs)} it .",
             ]
         )
 
@@ -151,7 +153,7 @@ def generate_corpus(n_docs: int, seed: int, n_topics: int = 8, lexicon_seed: int
         topic, polarity = rng.randrange(n_topics), rng.randrange(2)
         w = _Writer(rng, lex, lex.nouns[topic], lex.polar_adj(polarity), lex.polar_verb(polarity), lex.topic_verbs[topic])
         kinds = [w.opinion, w.verb_opinion, w.neutral]
-        sentences = [rng.choices(kinds, weights=[3, 2, 2])[0]() for _ in range(rng.randint(3, 7))]
+        sentences = [rng.choices(kinds, weights=[2, 3, 3])[0]() for _ in range(rng.randint(3, 7))]
         docs.append(" ".join(sentences))
     return docs
 

@@ -41,7 +41,7 @@ def corpus_key(d: DictConfig) -> dict:
     """What identifies the documents of a corpus (not how they are tokenized or packed)."""
     if d.name == "builtin":
         return {"name": "builtin", "n_docs": d.n_docs, "n_val_docs": d.n_val_docs, "n_topics": d.n_topics,
-                "corpus_seed": d.corpus_seed, "version": 1}
+                "corpus_seed": d.corpus_seed, "version": 2}
     key = {"name": d.name, "files": _files_key(d.path, "data.path"), "doc_sep": d.doc_sep}
     if d.val_path is not None:
         key["val_files"] = _files_key(d.val_path, "data.val_path")

@@ -13,10 +13,10 @@ from mlmlab.models.encoder import EncoderConfig, SequenceClassifier
 
 class FinetuneModule(pl.LightningModule):
     def __init__(self, encoder: dict, num_labels: int, lr: float, weight_decay: float, warmup_frac: float,
-                 total_steps: int, dropout: float = 0.1, encoder_state: dict | None = None):
+                 total_steps: int, dropout: float = 0.1, encoder_state: dict | None = None, pooling: str = "mean"):
         super().__init__()
-        self.save_hyperparameters(ignore=["encoder_state"])
-        self.model = SequenceClassifier(EncoderConfig(**encoder), num_labels, dropout)
+        self.save_hyperparameters(ignore=["encoder_state"], logger=False)
+        self.model = SequenceClassifier(EncoderConfig(**encoder), num_labels, dropout, pooling)
         if encoder_state is not None:
             self.model.bert.load_state_dict(encoder_state)
         self.test_acc = MulticlassAccuracy(num_classes=num_labels, average="micro")

@@ -16,7 +16,7 @@ class MLMModule(pl.LightningModule):
     def __init__(self, encoder: dict, mask: dict, optim: dict, seed: int, max_steps: int, special_ids: list[int],
                  mask_token_id: int, eval_suffix: str = "r15"):
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters(logger=False)  # the whole run config is logged once by train.py
         self.model = BertForMLM(EncoderConfig(**encoder))
         r = mask["replace"]
         self.masker = BertMasker(mask_token_id, r["mask"], r["random"], r["keep"],

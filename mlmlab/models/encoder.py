@@ -176,11 +176,11 @@ class BertForMLM(nn.Module):
 
 
 class SequenceClassifier(nn.Module):
-    def __init__(self, c: EncoderConfig, num_labels: int, dropout: float = 0.1):
+    def __init__(self, c: EncoderConfig, num_labels: int, dropout: float = 0.1, pooling: str = "mean"):
         super().__init__()
         self.bert = Encoder(c)
-        self.head = ClassificationHead(c.hidden_size, num_labels, dropout)
+        self.head = ClassificationHead(c.hidden_size, num_labels, dropout, pooling)
         init_weights(self, c.initializer_range)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
-        return self.head(self.bert(input_ids, attention_mask, token_type_ids))
+        return self.head(self.bert(input_ids, attention_mask, token_type_ids), attention_mask)

@@ -41,16 +41,32 @@ class MLMHead(nn.Module):
         return self.predictions(x)
 
 
-class ClassificationHead(nn.Module):
-    """[CLS] vector -> dropout -> dense+tanh -> dropout -> logits."""
+POOLINGS = ("mean", "cls")
 
-    def __init__(self, hidden_size: int, num_labels: int, dropout: float):
+
+class ClassificationHead(nn.Module):
+    """Pooled vector ([CLS], or the mean over real tokens) -> dropout -> dense+tanh -> dropout -> logits.
+
+    Mean pooling is the default: an MLM-pretrained encoder never trains its [CLS] output, so with few labelled
+    examples and few steps the mean over tokens transfers the pretrained word representations far better."""
+
+    def __init__(self, hidden_size: int, num_labels: int, dropout: float, pooling: str = "mean"):
         super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling={pooling!r}; allowed: {', '.join(POOLINGS)}")
+        self.pooling = pooling
         self.dropout = nn.Dropout(dropout)
         self.dense = nn.Linear(hidden_size, hidden_size)
         self.out_proj = nn.Linear(hidden_size, num_labels)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        x = self.dropout(hidden[:, 0])
+    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self.pooling == "cls":
+            x = hidden[:, 0]
+        elif attention_mask is None:
+            x = hidden.mean(1)
+        else:
+            m = attention_mask.to(hidden.dtype).unsqueeze(-1)
+            x = (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+        x = self.dropout(x)
         x = self.dropout(torch.tanh(self.dense(x)))
         return self.out_proj(x)

@@ -1,0 +1,49 @@
+"""Shared fixtures: compose configs with Hydra's compose API into tmp dirs; one tokenizer/corpus cache per session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+import mlmlab.config  # noqa: F401  (registers the schema)
+
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+ROOT = Path(__file__).resolve().parents[1]
+
+# Fast, offline, quiet defaults for every test job (tiny model, few steps, small built-in corpus).
+FAST = ["debug=fast"]
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("mlmlab_cache")
+    os.environ["MLMLAB_CACHE_DIR"] = str(d)
+    return d
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+
+
+def make_cfg(overrides: list[str], output_dir: Path, cache: Path):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(
+            config_name="train",
+            overrides=[f"paths.output_dir={output_dir}", f"paths.cache_dir={cache}", *overrides],
+        )
+
+
+@pytest.fixture
+def cfg_factory(tmp_path, cache_dir):
+    def factory(*overrides: str, output_dir: Path | None = None):
+        return make_cfg([*FAST, *overrides], output_dir or tmp_path / "run", cache_dir)
+
+    return factory

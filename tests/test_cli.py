@@ -1,0 +1,64 @@
+"""The README's commands, short variants: a single CLI run and real Hydra multiruns into tmp dirs."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT
+
+from mlmlab.analysis import load_runs, read_wandb_offline, wandb_run_dirs
+
+
+def run_cli(args: list[str], cache: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MLMLAB_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "1"}
+    return subprocess.run([sys.executable, "-m", "mlmlab.train", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_readme_shows_the_contract_commands():
+    readme = (ROOT / "README.md").read_text()
+    for cmd in ('pip install -e ".[dev]"', "python -m mlmlab.train", "pytest",
+                "python -m mlmlab.train mask.rate=0.1,0.2,0.4 seed=0,1 -m"):
+        assert cmd in readme, cmd
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'pip install -e ".[dev]"' in ci and re.search(r"^\s*(python -m )?pytest", ci, re.M)
+
+
+def test_single_run_from_the_cli(tmp_path, cache_dir):
+    out = tmp_path / "single"
+    p = run_cli(["debug=fast", f"hydra.run.dir={out}"], cache_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads((out / "results.json").read_text())
+    assert r["status"] == "ok" and r["overrides"] == ["debug=fast"]
+    assert (out / ".hydra" / "config.yaml").exists()
+
+
+def test_multirun_two_jobs(tmp_path, cache_dir):
+    sweep = tmp_path / "sweep"
+    p = run_cli(["-m", "debug=fast", "mask.rate=0.1,0.3", "downstream.tasks=[builtin_sentiment]",
+                 f"hydra.sweep.dir={sweep}"], cache_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    df = load_runs(sweep)
+    assert sorted(df["config.mask.rate"]) == [0.1, 0.3]
+    by_rate = df.set_index("config.mask.rate")["train/selected_frac"]
+    assert abs(by_rate[0.1] - 0.1) < 0.03 and abs(by_rate[0.3] - 0.3) < 0.03  # realized corruption telemetry
+    groups = set()
+    for job in df["run_dir"]:
+        (w,) = wandb_run_dirs(job)
+        info = read_wandb_offline(w)
+        assert info["exit_code"] == 0
+        groups.add(info["run"]["group"])
+        assert info["run"]["name"].startswith("debug=fast")
+    assert len(groups) == 1 and groups.pop().startswith("sweep_")  # one W&B group per sweep
+
+
+def test_failing_job_does_not_stop_the_sweep(tmp_path, cache_dir):
+    sweep = tmp_path / "sweep"
+    p = run_cli(["-m", "debug=fast", "downstream=none", "mask.rate=1.5,0.2", f"hydra.sweep.dir={sweep}"], cache_dir)
+    assert p.returncode != 0  # the sweep reports the failure ...
+    assert "mask.rate=1.5 must be in the open interval (0, 1)" in p.stderr
+    df = load_runs(sweep, include_failed=True).set_index("config.mask.rate")
+    assert df.loc[1.5, "status"] == "failed" and df.loc[0.2, "status"] == "ok"  # ... after running the other job

@@ -1,0 +1,92 @@
+"""End-to-end jobs through ``train(cfg)``: results.json, the offline W&B run, fixed eval masks, the baseline row."""
+
+import json
+
+import pytest
+import torch
+
+from mlmlab.analysis import load_runs, read_wandb_offline, wandb_run_dirs
+from mlmlab.data.corpus import get_blocks
+from mlmlab.data.tokenizer import MASK, SPECIAL_TOKENS
+from mlmlab.masking import UniformSampler, mask_once
+from mlmlab.train import train
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory, cache_dir):
+    from conftest import FAST, make_cfg
+
+    out = tmp_path_factory.mktemp("job")
+    cfg = make_cfg([*FAST, "logger.wandb.group=e2e"], out, cache_dir)
+    return out, cfg, train(cfg)
+
+
+def test_results_json(job):
+    out, cfg, metrics = job
+    r = json.loads((out / "results.json").read_text())
+    assert r["status"] == "ok"
+    assert r["config"]["mask"]["rate"] == cfg.mask.rate and r["config"]["model"]["name"] == "tiny"
+    assert "hydra" not in r["config"] and r["config"]["paths"]["output_dir"] == str(out)
+    for k in ("train/mlm_loss", "val/mlm_loss_r15", "val/mlm_acc_r15", "downstream/score",
+              "downstream/builtin_sentiment/acc", "downstream/builtin_sentiment/acc_std",
+              "downstream/builtin_topic/seed_0/acc", "train/selected_frac", "train/special_selected"):
+        assert k in r["metrics"], k
+    assert r["metrics"] == pytest.approx(metrics)
+    assert r["metrics"]["train/special_selected"] == 0
+    assert 0 < r["metrics"]["val/mlm_loss_r15"] < 10
+    assert {"data", "pretrain", "eval", "finetune", "total"} <= set(r["timings_s"])
+    assert r["versions"]["torch"] and r["versions"]["pytorch-lightning"]
+    assert (out / "checkpoints" / "last.ckpt").exists()
+    df = load_runs(out)
+    assert len(df) == 1 and df.loc[0, "config.mask.rate"] == cfg.mask.rate
+
+
+def test_offline_wandb_run_is_complete_and_readable(job):
+    out, cfg, metrics = job
+    (run_dir,) = wandb_run_dirs(out)
+    w = read_wandb_offline(run_dir)
+    assert w["exit_code"] == 0
+    assert w["run"]["group"] == "e2e" and w["run"]["job_type"] == "pretrain"
+    # the whole resolved config, not a subset
+    assert set(w["config"]) >= {"data", "tokenizer", "model", "mask", "eval", "objective", "optim", "trainer",
+                                "downstream", "seed"}
+    assert w["config"]["mask"]["rate"] == cfg.mask.rate
+    curve = [h["train/mlm_loss"] for h in w["history"] if "train/mlm_loss" in h]
+    assert len(curve) >= cfg.trainer.max_steps // cfg.trainer.log_every_n_steps - 1
+    assert any("val/mlm_loss_r15" in h for h in w["history"])
+    assert w["summary"]["downstream/score"] == pytest.approx(metrics["downstream/score"])
+
+
+def test_eval_masks_do_not_depend_on_training_mask(cfg_factory):
+    a, b = cfg_factory("mask.rate=0.1"), cfg_factory("mask.rate=0.4", "mask.replace.mask=1", "mask.replace.random=0",
+                                                     "mask.replace.keep=0", "seed=3")
+    masks = []
+    for cfg in (a, b):
+        tok, blocks = get_blocks(cfg)
+        v = blocks["validation"]
+        e = cfg.eval
+        m = mask_once(v["input_ids"], v["special_tokens_mask"], e.rate, MASK,
+                      (e.replace.mask, e.replace.random, e.replace.keep),
+                      UniformSampler(tok.get_vocab_size(), range(len(SPECIAL_TOKENS))), e.seed)
+        masks.append(m)
+    assert torch.equal(masks[0].input_ids, masks[1].input_ids) and torch.equal(masks[0].labels, masks[1].labels)
+
+
+def test_objective_none_skips_pretraining_and_same_val_set(cfg_factory, tmp_path, job):
+    _, _, pretrained = job
+    cfg = cfg_factory("objective=none", "logger=none", output_dir=tmp_path / "none")
+    metrics = train(cfg)
+    r = json.loads((tmp_path / "none" / "results.json").read_text())
+    assert "pretrain" not in r["timings_s"] and "train/mlm_loss" not in metrics
+    assert not (tmp_path / "none" / "wandb").exists()
+    # same fixed eval set: random init sits near log(vocab), the pretrained run below it
+    assert metrics["val/mlm_loss_r15"] > pretrained["val/mlm_loss_r15"]
+    assert set(k for k in metrics if k.startswith("downstream/")) == set(
+        k for k in pretrained if k.startswith("downstream/"))
+
+
+def test_same_seed_same_run(cfg_factory, tmp_path):
+    runs = [train(cfg_factory("logger=none", "downstream=none", "callbacks.checkpoint=false",
+                              output_dir=tmp_path / f"r{i}")) for i in range(2)]
+    assert runs[0]["train/mlm_loss"] == runs[1]["train/mlm_loss"]
+    assert runs[0]["val/mlm_loss_r15"] == runs[1]["val/mlm_loss_r15"]
