@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -31,8 +31,8 @@ class ConfigError(ValueError):
 class DataConfig:
     name: str = "builtin"
     # text_files: a .txt file or a directory of .txt files; one document per line or blank-line separated
-    path: Optional[str] = None
-    val_path: Optional[str] = None  # text_files: held-out documents; default: the last val_fraction of documents
+    path: str | None = None
+    val_path: str | None = None  # text_files: held-out documents; default: the last val_fraction of documents
     val_fraction: float = 0.02
     doc_sep: str = "line"
     max_seq_len: int = 64
@@ -121,7 +121,7 @@ class TrainerConfig:
     max_steps: int = 400
     val_check_interval: int = 100  # steps
     log_every_n_steps: int = 10
-    gradient_clip_val: Optional[float] = 1.0
+    gradient_clip_val: float | None = 1.0
     accumulate_grad_batches: int = 1
     deterministic: bool = False
     enable_progress_bar: bool = True
@@ -130,16 +130,16 @@ class TrainerConfig:
 @dataclass
 class WandbConfig:
     project: str = "mlmlab"
-    entity: Optional[str] = None
+    entity: str | None = None
     mode: str = "offline"
-    group: Optional[str] = None  # default: the sweep dir name in a multirun, "single" otherwise
-    name: Optional[str] = None  # default: the job's overrides
+    group: str | None = None  # default: the sweep dir name in a multirun, "single" otherwise
+    name: str | None = None  # default: the job's overrides
     tags: list[str] = field(default_factory=list)
 
 
 @dataclass
 class LoggerConfig:
-    wandb: Optional[WandbConfig] = None
+    wandb: WandbConfig | None = None
 
 
 @dataclass
@@ -173,7 +173,7 @@ class CallbacksConfig:
 class PathsConfig:
     output_dir: str = MISSING
     cache_dir: str = "~/.cache/mlmlab"
-    data_dir: Optional[str] = None  # ../shared/data-style folder (env MLMLAB_DATA_DIR)
+    data_dir: str | None = None  # ../shared/data-style folder (env MLMLAB_DATA_DIR)
 
 
 @dataclass

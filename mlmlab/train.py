@@ -103,7 +103,6 @@ def _safe_container(cfg: DictConfig) -> dict:
 
 def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state: dict) -> dict[str, float]:
     import pytorch_lightning as pl
-    import torch
     from pytorch_lightning.loggers import WandbLogger
 
     from mlmlab.data.corpus import get_blocks

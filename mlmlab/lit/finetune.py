@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytorch_lightning as pl
-import torch
 import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
