@@ -1,0 +1,77 @@
+"""Every YAML composes and validates; bad input fails early with the key and the allowed values."""
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import CONF_DIR
+
+from mlmlab.config import ConfigError, validate
+from mlmlab.train import train
+
+
+def all_options():
+    for group in sorted(p for p in Path(CONF_DIR).iterdir() if p.is_dir()):
+        for f in sorted(group.glob("*.yaml")):
+            yield f"{group.name}={f.stem}"
+
+
+@pytest.mark.parametrize("option", list(all_options()))
+def test_every_yaml_composes_and_validates(option, cfg_factory, tmp_path):
+    extra = []
+    if option == "data=text_files":
+        f = tmp_path / "c.txt"
+        f.write_text("one document\nanother document\n")
+        extra = [f"data.path={f}"]
+    validate(cfg_factory(option, *extra))
+
+
+@pytest.mark.parametrize("overrides", [["mask.rat=0.2"], ["mask.rate=abc"], ["data=nope"], ["objective=nope"],
+                                       ["model=nope"]])
+def test_compose_time_errors(overrides, cfg_factory):
+    with pytest.raises(Exception) as e:
+        cfg_factory(*overrides)
+    key = overrides[0].split("=")[0]
+    assert key.split(".")[-1] in str(e.value) or "nope" in str(e.value)
+
+
+BAD = [
+    (["mask.rate=1.5"], "mask.rate=1.5 must be in the open interval (0, 1)"),
+    (["mask.rate=0"], "mask.rate=0.0 must be in the open interval (0, 1)"),
+    (["mask.replace.mask=0.9"], "must sum to 1"),
+    (["mask.replace.random=-0.1", "mask.replace.mask=1.0"], "mask.replace.random=-0.1 must be >= 0"),
+    (["downstream.tasks=[nope]"], "downstream.tasks[0]='nope' is not known; allowed: builtin_sentiment, builtin_topic"),
+    (["data=text_files", "data.path=/does/not/exist"], "data.path='/does/not/exist' does not exist"),
+    (["data.max_seq_len=256"], "exceeds model.max_position_embeddings=128"),
+    (["tokenizer.vocab_size=3"], "must be larger than the 5 special tokens"),
+    (["eval.rate=1.0"], "eval.rate=1.0 must be in the open interval"),
+    (["logger.wandb.mode=bogus"], "allowed: offline, online, disabled"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD)
+def test_validate_rejects(overrides, message, cfg_factory):
+    with pytest.raises(ConfigError) as e:
+        validate(cfg_factory(*overrides))
+    assert message in str(e.value)
+
+
+def test_empty_text_files_rejected(cfg_factory, tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="holds no .txt files"):
+        validate(cfg_factory("data=text_files", f"data.path={tmp_path / 'empty'}"))
+    (tmp_path / "empty" / "a.txt").write_text("  \n")
+    with pytest.raises(ConfigError, match="holds no text"):
+        validate(cfg_factory("data=text_files", f"data.path={tmp_path / 'empty'}"))
+
+
+def test_error_raised_before_any_work(tmp_path):
+    from conftest import make_cfg
+
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    cfg = make_cfg(["debug=fast", "logger=none", "mask.rate=1.5"], out, cache)
+    with pytest.raises(ConfigError):
+        train(cfg)
+    assert not cache.exists()  # no data work happened
+    r = json.loads((out / "results.json").read_text())
+    assert r["status"] == "failed" and "mask.rate=1.5" in r["error"]["message"]
