@@ -107,7 +107,7 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
 
     from mlmlab.data.corpus import get_blocks
     from mlmlab.data.datamodule import PretrainDataModule
-    from mlmlab.data.tokenizer import MASK, SPECIAL_TOKENS
+    from mlmlab.data.tokenizer import MASK, PAD, SPECIAL_TOKENS
     from mlmlab.downstream import run_downstream
     from mlmlab.lit.mlm import MLMModule
     from mlmlab.masking import UniformSampler, mask_once
@@ -130,11 +130,11 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
         sampler = UniformSampler(vocab_size, range(len(SPECIAL_TOKENS)))
         fixed = mask_once(val_blocks["input_ids"], val_blocks["special_tokens_mask"], e.rate, MASK,
                           (e.replace.mask, e.replace.random, e.replace.keep), sampler, e.seed)
-        val = {"input_ids": fixed.input_ids, "labels": fixed.labels, "attention_mask": val_blocks["input_ids"] != 0}
+        val = {"input_ids": fixed.input_ids, "labels": fixed.labels, "attention_mask": val_blocks["input_ids"] != PAD}
         dm = PretrainDataModule(train_blocks, val, cfg.data.batch_size, cfg.data.val_batch_size, cfg.seed,
                                 cfg.data.num_workers)
     record.set(data={"vocab_size": vocab_size, "train_blocks": n_train, "val_blocks": len(val["input_ids"]),
-                     "train_tokens": int((train_blocks["input_ids"] != 0).sum()),
+                     "train_tokens": int((train_blocks["input_ids"] != PAD).sum()),
                      "eval_masked_tokens": int((fixed.labels != -100).sum())})
     log.info("data: %s", record.data["data"])
 
