@@ -17,7 +17,9 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 DATA_NAMES = ("builtin", "text_files")
 OBJECTIVES = ("mlm", "none")
-MASK_NAMES = ("bert",)
+MASK_UNITS = ("token", "word", "span")
+COUNT_RULES = ("bernoulli", "exact", "prob_round")
+WORD_SEGMENTERS = ("none", "jieba")
 LR_SCHEDULES = ("linear", "cosine", "constant")
 DOC_SEPS = ("line", "blank_line")
 WANDB_MODES = ("offline", "online", "disabled")
@@ -54,6 +56,7 @@ class TokenizerConfig:
     vocab_size: int = 2048
     lowercase: bool = True
     min_frequency: int = 2
+    word_segmenter: str = "none"  # none | jieba (Chinese word boundaries for whole-word masking)
 
 
 @dataclass
@@ -79,10 +82,29 @@ class ReplaceConfig:
 
 
 @dataclass
+class SpanConfig:
+    p: float = 0.2  # geometric parameter of span lengths (in words), truncated to [min_len, max_len]
+    min_len: int = 1
+    max_len: int = 10
+
+
+@dataclass
 class MaskConfig:
     name: str = "bert"
-    rate: float = 0.15  # selection probability of every non-special token
+    rate: float = 0.15  # selection (corruption) probability under the default constant schedule
+    # corruption vs prediction rate (Wettig et al.): null = equal to the corruption rate
+    predict_rate: float | None = None
+    count: str = "bernoulli"  # bernoulli | exact | prob_round
+    min_per_seq: int | None = None  # null: 0 for bernoulli, 1 for exact / prob_round
+    unit: str = "token"  # token | word | span
+    span: SpanConfig = field(default_factory=SpanConfig)
+    dynamic: bool = True  # false: static masks keyed by (seed, block, epoch mod static_copies)
+    static_copies: int = 1
     replace: ReplaceConfig = field(default_factory=ReplaceConfig)
+    # pluggable parts, instantiated with Hydra from conf/mask/schedule/*.yaml and conf/mask/sampler/*.yaml
+    # (empty here: a _target_ node merged with the schema's default would keep the default's keys)
+    schedule: dict[str, Any] = field(default_factory=dict)
+    sampler: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -228,15 +250,57 @@ def _check_rate(key: str, rate: float) -> None:
     _check(0.0 < rate < 1.0, f"{key}={rate} must be in the open interval (0, 1)")
 
 
+def build_schedule(mask: DictConfig):
+    """Instantiate ``mask.schedule`` (a ``_target_`` node) and check it keeps the rate in (0, 1) over the whole run."""
+    from hydra.utils import instantiate
+
+    target = mask.schedule.get("_target_") if isinstance(mask.schedule, DictConfig) else None
+    _check(bool(target), "mask.schedule needs a _target_ (see conf/mask/schedule/: constant, linear, cosine, step, piecewise)")
+    try:
+        sched = instantiate(mask.schedule)
+    except Exception as e:  # unknown class, unknown or missing kwargs, bad milestones ...
+        cause = e.__cause__ or e
+        raise ConfigError(f"mask.schedule ({target}) is invalid: {cause}") from e
+    try:
+        sched.check()
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    return sched
+
+
+def validate_mask(m: DictConfig) -> None:
+    _check_rate("mask.rate", m.rate)
+    _check_replace("mask.replace", m.replace)
+    if m.predict_rate is not None:
+        _check_rate("mask.predict_rate", m.predict_rate)
+    _check_choice("mask.count", m.count, COUNT_RULES)
+    _check_choice("mask.unit", m.unit, MASK_UNITS)
+    _check(m.min_per_seq is None or m.min_per_seq >= 0, f"mask.min_per_seq={m.min_per_seq} must be >= 0 or null")
+    _check(0.0 < m.span.p < 1.0, f"mask.span.p={m.span.p} must be in (0, 1)")
+    _check(1 <= m.span.min_len <= m.span.max_len,
+           f"mask.span.min_len={m.span.min_len} and mask.span.max_len={m.span.max_len} need 1 <= min_len <= max_len")
+    _check(m.static_copies >= 1, f"mask.static_copies={m.static_copies} must be >= 1")
+    build_schedule(m)
+    sampler = m.sampler if isinstance(m.sampler, DictConfig) else None
+    _check(sampler is not None and bool(sampler.get("_target_")),
+           "mask.sampler needs a _target_ (see conf/mask/sampler/: uniform, unigram, domain)")
+    if "alpha" in sampler:
+        _check(sampler.alpha >= 0, f"mask.sampler.alpha={sampler.alpha} must be >= 0")
+    if "mix" in sampler:
+        _check(0.0 <= sampler.mix <= 1.0, f"mask.sampler.mix={sampler.mix} must be in [0, 1]")
+    if str(sampler._target_).endswith("DomainSampler"):
+        _check((sampler.get("word_list") is None) != (sampler.get("corpus") is None),
+               "mask.sampler=domain needs exactly one of mask.sampler.word_list (a file of domain terms) or "
+               "mask.sampler.corpus (a domain text corpus)")
+
+
 def validate(cfg: DictConfig) -> None:
     """Reject bad values with a :class:`ConfigError` naming the key and the allowed values. Does no data work."""
     from mlmlab.data.tasks import TASKS  # local: keeps config importable without the data stack
     from mlmlab.data.tokenizer import SPECIAL_TOKENS
 
     _check_choice("objective.name", cfg.objective.name, OBJECTIVES)
-    _check_choice("mask.name", cfg.mask.name, MASK_NAMES)
-    _check_rate("mask.rate", cfg.mask.rate)
-    _check_replace("mask.replace", cfg.mask.replace)
+    validate_mask(cfg.mask)
     _check_rate("eval.rate", cfg.eval.rate)
     _check_replace("eval.replace", cfg.eval.replace)
 
@@ -265,6 +329,7 @@ def validate(cfg: DictConfig) -> None:
 
     t = cfg.tokenizer
     _check_choice("tokenizer.name", t.name, ("wordpiece",))
+    _check_choice("tokenizer.word_segmenter", t.word_segmenter, WORD_SEGMENTERS)
     _check(
         t.vocab_size > len(SPECIAL_TOKENS),
         f"tokenizer.vocab_size={t.vocab_size} must be larger than the {len(SPECIAL_TOKENS)} special tokens "

@@ -105,12 +105,15 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     import pytorch_lightning as pl
     from pytorch_lightning.loggers import WandbLogger
 
+    from mlmlab.config import build_schedule
     from mlmlab.data.corpus import get_blocks
     from mlmlab.data.datamodule import PretrainDataModule
     from mlmlab.data.tokenizer import MASK, PAD, SPECIAL_TOKENS
+    from mlmlab.data.vocab_stats import make_sampler_context
     from mlmlab.downstream import run_downstream
     from mlmlab.lit.mlm import MLMModule
-    from mlmlab.masking import UniformSampler, mask_once
+    from mlmlab.masking import mask_once
+    from mlmlab.masking.replacement import UniformSampler
     from mlmlab.models.encoder import EncoderConfig
 
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -126,10 +129,11 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
             raise ConfigError(f"data.batch_size={cfg.data.batch_size} is larger than the {n_train} training blocks; "
                               f"allowed: 1..{n_train}")
         val_blocks = {k: v[: cfg.data.max_val_blocks] for k, v in val_blocks.items()}
-        e = cfg.eval
-        sampler = UniformSampler(vocab_size, range(len(SPECIAL_TOKENS)))
+        ctx = make_sampler_context(cfg, tok, blocks)
+        sampler, schedule = build_masking(cfg, ctx, train_blocks), build_schedule(cfg.mask)
+        e = cfg.eval  # fixed eval masks: token units, Bernoulli, uniform replacements -- whatever mask.* says
         fixed = mask_once(val_blocks["input_ids"], val_blocks["special_tokens_mask"], e.rate, MASK,
-                          (e.replace.mask, e.replace.random, e.replace.keep), sampler, e.seed)
+                          (e.replace.mask, e.replace.random, e.replace.keep), UniformSampler(ctx), e.seed)
         val = {"input_ids": fixed.input_ids, "labels": fixed.labels, "attention_mask": val_blocks["input_ids"] != PAD}
         dm = PretrainDataModule(train_blocks, val, cfg.data.batch_size, cfg.data.val_batch_size, cfg.seed,
                                 cfg.data.num_workers)
@@ -145,7 +149,8 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     encoder_cfg = EncoderConfig.from_model_cfg(cfg.model, vocab_size).to_dict()
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     module = MLMModule(encoder_cfg, OmegaConf.to_container(cfg.mask), OmegaConf.to_container(cfg.optim), cfg.seed,
-                       cfg.trainer.max_steps, list(range(len(SPECIAL_TOKENS))), MASK, eval_suffix(cfg.eval.rate))
+                       cfg.trainer.max_steps, list(range(len(SPECIAL_TOKENS))), MASK, eval_suffix(cfg.eval.rate),
+                       sampler=sampler, schedule=schedule)
     record.set(model={"parameters": sum(p.numel() for p in module.model.parameters()), **encoder_cfg})
     t = cfg.trainer
     trainer = pl.Trainer(
@@ -176,6 +181,25 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     metrics.update(ft)
     log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})
     return metrics
+
+
+def build_masking(cfg: DictConfig, ctx, train_blocks: dict):
+    """The run's replacement sampler, with data-dependent checks of mask.*; raises ConfigError before training."""
+    from hydra.utils import instantiate
+
+    m = cfg.mask
+    if m.unit in ("word", "span"):
+        w = train_blocks.get("word_ids")
+        if w is None or not bool((w >= 0).any()):
+            raise ConfigError(f"mask.unit={m.unit} needs word ids, but the tokenized corpus has none; "
+                              "allowed with this data: mask.unit=token")
+    try:
+        return instantiate(m.sampler, _partial_=True)(ctx=ctx)  # partial: ctx must not go through OmegaConf
+    except Exception as e:
+        cause = e.__cause__ or e
+        if isinstance(cause, ConfigError):
+            raise cause from e
+        raise ConfigError(f"mask.sampler ({m.sampler.get('_target_')}): {cause}") from e
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")

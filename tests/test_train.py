@@ -8,7 +8,8 @@ import torch
 from mlmlab.analysis import load_runs, read_wandb_offline, wandb_run_dirs
 from mlmlab.data.corpus import get_blocks
 from mlmlab.data.tokenizer import MASK, SPECIAL_TOKENS
-from mlmlab.masking import UniformSampler, mask_once
+from mlmlab.masking import mask_once
+from mlmlab.masking.replacement import SamplerContext, UniformSampler
 from mlmlab.train import train
 
 
@@ -67,7 +68,7 @@ def test_eval_masks_do_not_depend_on_training_mask(cfg_factory):
         e = cfg.eval
         m = mask_once(v["input_ids"], v["special_tokens_mask"], e.rate, MASK,
                       (e.replace.mask, e.replace.random, e.replace.keep),
-                      UniformSampler(tok.get_vocab_size(), range(len(SPECIAL_TOKENS))), e.seed)
+                      UniformSampler(SamplerContext(tok.get_vocab_size(), tuple(range(len(SPECIAL_TOKENS))))), e.seed)
         masks.append(m)
     assert torch.equal(masks[0].input_ids, masks[1].input_ids) and torch.equal(masks[0].labels, masks[1].labels)
 

@@ -4,6 +4,11 @@ Packing: the documents of a split are tokenized once, joined into one stream wit
 into blocks ``[CLS] <max_seq_len - 2 tokens> [SEP]``. Each block carries its ``special_tokens_mask`` and ``word_ids``
 (index of the word a token belongs to, counted from 0 in each block; -1 on special tokens and padding), computed here
 once rather than per batch.
+
+Words are the tokenizer's pre-tokenizer words (English: "##" pieces share their word), or, with
+``tokenizer.word_segmenter=jieba``, words from a segmenter: BertPreTokenizer makes every CJK character its own word, so
+Chinese whole-word masking (Cui et al.) needs word boundaries from a segmenter. Segmentation changes word ids only,
+never token ids: see :func:`segmented_word_ids`.
 """
 
 from __future__ import annotations
@@ -17,7 +22,16 @@ from omegaconf import DictConfig
 from mlmlab.config import ConfigError
 from mlmlab.data import builtin
 from mlmlab.data.cache import cached_file
-from mlmlab.data.tokenizer import CLS, PAD, SEP, SPECIAL_TOKENS, UNK, load_tokenizer, train_wordpiece
+from mlmlab.data.tokenizer import (
+    CLS,
+    PAD,
+    SEP,
+    SPECIAL_TOKENS,
+    UNK,
+    load_tokenizer,
+    segment_words,
+    train_wordpiece,
+)
 
 
 def text_files(path: str, key: str = "data.path") -> list[Path]:
@@ -79,7 +93,10 @@ def load_documents(d: DictConfig) -> dict[str, list[str]]:
 
 
 def tokenizer_key(cfg: DictConfig) -> dict:
-    return {"corpus": corpus_key(cfg.data), "tokenizer": dict(cfg.tokenizer)}
+    """What identifies a trained tokenizer. The word segmenter is left out: it changes word ids, not the vocabulary,
+    so runs with and without segmentation share one tokenizer (and the blocks key adds it back)."""
+    t = {k: v for k, v in dict(cfg.tokenizer).items() if k != "word_segmenter"}
+    return {"corpus": corpus_key(cfg.data), "tokenizer": t}
 
 
 def pack(ids: list[list[int]], word_ids: list[list[int | None]], max_seq_len: int) -> dict[str, torch.Tensor]:
@@ -119,9 +136,45 @@ def pack(ids: list[list[int]], word_ids: list[list[int | None]], max_seq_len: in
     }
 
 
-def tokenize(tok, texts: list[str]) -> tuple[list[list[int]], list[list[int | None]]]:
+def segmented_word_ids(
+    text: str, words: list[str], word_ids: list[int | None], offsets: list[tuple[int, int]]
+) -> list[int]:
+    """Word ids of one encoded text under a segmentation of it into ``words`` (substrings of ``text``, in order).
+
+    A token starts a new word only where it starts both a new tokenizer word and a new segmenter word, so a word is a
+    segmenter word (all characters of 我们 share an id) unless a tokenizer word straddles two segmenter words: then
+    they merge, and a WordPiece word is never split (jieba splits ``～～``, ``❤❤`` or full-width ``ｉｐｈｏｎｅ`` into
+    characters, while BertPreTokenizer keeps each as one word). Ids are dense from 0; -1 where ``word_ids`` is ``None``.
+
+    This works on the ordinary encoding of the raw text (via character offsets) rather than re-encoding the words with
+    ``is_pretokenized=True``: the latter gives different token ids wherever the segmenter splits a tokenizer word
+    (155 of the first 20,000 zh_corpus documents), and segmentation must change word ids only.
+    """
+    if not word_ids:
+        return []
+    ends, pos = [], 0
+    for w in words:
+        start = text.find(w, pos)
+        if start < 0:
+            raise ValueError(f"segmenter word {w!r} not found in order in the text {text[:80]!r}")
+        pos = start + len(w)
+        ends.append(pos)
+    seg = np.searchsorted(np.asarray(ends, dtype=np.int64), np.asarray([a for a, _ in offsets], dtype=np.int64),
+                          side="right")  # index of the segmenter word holding each token's first character
+    tw = np.asarray([-1 if x is None else x for x in word_ids], dtype=np.int64)
+    new = np.ones(len(tw), dtype=bool)
+    new[1:] = (tw[1:] != tw[:-1]) & (seg[1:] != seg[:-1])
+    return np.where(tw >= 0, np.cumsum(new & (tw >= 0)) - 1, -1).tolist()
+
+
+def tokenize(tok, texts: list[str], segmenter: str = "none") -> tuple[list[list[int]], list[list[int | None]]]:
+    """Token ids and word ids per text; ``segmenter`` ("none" | "jieba") only changes the word ids."""
     encs = tok.encode_batch(texts, add_special_tokens=False)
-    return [e.ids for e in encs], [e.word_ids for e in encs]
+    ids = [e.ids for e in encs]
+    if segmenter == "none":
+        return ids, [e.word_ids for e in encs]
+    words = segment_words(texts, segmenter)
+    return ids, [segmented_word_ids(t, w, e.word_ids, e.offsets) for t, w, e in zip(texts, words, encs)]
 
 
 def get_blocks(cfg: DictConfig) -> tuple[object, dict[str, dict[str, torch.Tensor]]]:
@@ -139,14 +192,18 @@ def get_blocks(cfg: DictConfig) -> tuple[object, dict[str, dict[str, torch.Tenso
 
     tok = load_tokenizer(cached_file(cfg.paths.cache_dir, "tokenizer", tokenizer_key(cfg), "tokenizer.json", build_tok))
 
+    segmenter = cfg.tokenizer.word_segmenter
+
     def build_blocks(tmp: Path) -> None:
         out = {}
         for split, texts in lazy_docs().items():
-            out[split] = pack(*tokenize(tok, texts), cfg.data.max_seq_len)
+            out[split] = pack(*tokenize(tok, texts, segmenter), cfg.data.max_seq_len)
         with open(tmp, "wb") as f:
             torch.save(out, f)
 
     key = {**tokenizer_key(cfg), "max_seq_len": cfg.data.max_seq_len, "packing": 1}
+    if segmenter != "none":  # keeps the keys (and caches) of unsegmented corpora as they were
+        key["word_segmenter"] = segmenter
     path = cached_file(cfg.paths.cache_dir, "blocks", key, "blocks.pt", build_blocks)
     return tok, torch.load(path, weights_only=True)
 

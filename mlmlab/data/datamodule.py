@@ -22,7 +22,8 @@ class DictDataset(Dataset):
 
 
 def with_attention_mask(blocks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {**blocks, "attention_mask": blocks["input_ids"] != PAD}
+    n = len(blocks["input_ids"])  # block_id keys static masks; word_ids feed whole-word / span units
+    return {**blocks, "attention_mask": blocks["input_ids"] != PAD, "block_id": torch.arange(n)}
 
 
 class PretrainDataModule(pl.LightningDataModule):

@@ -6,6 +6,7 @@ Special tokens always get the ids 0..4 in the order of :data:`SPECIAL_TOKENS`, s
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PAD, UNK, CLS, SEP, MASK = range(len(SPECIAL_TOKENS))
+WORD_SEGMENTERS = ("none", "jieba")
 
 
 def train_wordpiece(
@@ -20,7 +22,8 @@ def train_wordpiece(
 ) -> Tokenizer:
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     # BertNormalizer puts spaces around CJK characters, so Chinese text becomes one "word" per character here;
-    # word segmentation for whole-word masking is a separate step (issue: masking units).
+    # Chinese word boundaries for whole-word masking come from segment_words (tokenizer.word_segmenter=jieba) and
+    # change only the word ids (corpus.tokenize); the vocabulary stays character-level.
     tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase, handle_chinese_chars=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
@@ -46,3 +49,18 @@ def _batched(texts: Iterable[str], n: int = 1000) -> Iterator[list[str]]:
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
     return Tokenizer.from_file(str(path))
+
+
+def segment_words(texts: Iterable[str], segmenter: str) -> list[list[str]]:
+    """Split each text into words with a word segmenter (``"jieba"``), dropping whitespace-only pieces.
+
+    The words are in text order and each is a substring of its text (jieba keeps every character), so they can be
+    located again with ``str.find``. Non-Chinese runs (Latin words, numbers) stay as the segmenter returns them.
+    jieba is imported only here, so English corpora never load it.
+    """
+    if segmenter == "jieba":
+        import jieba
+
+        jieba.setLogLevel(logging.WARNING)  # silence "Building prefix dict ..." on first use
+        return [[w for w in jieba.lcut(t) if w.strip()] for t in texts]
+    raise ValueError(f"unknown word segmenter {segmenter!r}; expected one of {WORD_SEGMENTERS[1:]}")

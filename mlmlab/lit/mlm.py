@@ -6,7 +6,7 @@ import pytorch_lightning as pl
 import torch
 
 from mlmlab.lit.optim import adamw_with_schedule
-from mlmlab.masking import BertMasker, Constant, UniformSampler, make_generator, telemetry
+from mlmlab.masking import GeneratorSource, KeyedSource, Masker, make_generator, telemetry
 from mlmlab.models.encoder import BertForMLM, EncoderConfig
 
 TRAIN_STREAM = 0  # first seed part of the training mask stream (other streams, e.g. eval, use other tags)
@@ -14,31 +14,48 @@ TRAIN_STREAM = 0  # first seed part of the training mask stream (other streams, 
 
 class MLMModule(pl.LightningModule):
     def __init__(self, encoder: dict, mask: dict, optim: dict, seed: int, max_steps: int, special_ids: list[int],
-                 mask_token_id: int, eval_suffix: str = "r15"):
+                 mask_token_id: int, eval_suffix: str = "r15", sampler=None, schedule=None):
         super().__init__()
-        self.save_hyperparameters(logger=False)  # the whole run config is logged once by train.py
+        # the whole run config is logged once by train.py; sampler/schedule are objects built from mask.*
+        self.save_hyperparameters(ignore=["sampler", "schedule"], logger=False)
         self.model = BertForMLM(EncoderConfig(**encoder))
-        r = mask["replace"]
-        self.masker = BertMasker(mask_token_id, r["mask"], r["random"], r["keep"],
-                                 sampler=UniformSampler(encoder["vocab_size"], special_ids))
-        self.schedule = Constant(mask["rate"])
+        self.masker = build_masker(mask, mask_token_id, sampler)
+        if schedule is None:
+            from mlmlab.masking import Constant
+
+            schedule = Constant(mask["rate"])
+        self.schedule = schedule
+        self.dynamic, self.static_copies = mask.get("dynamic", True), mask.get("static_copies", 1)
         self.seed, self.max_steps, self.eval_suffix = seed, max_steps, eval_suffix
 
     def mask_generator(self, batch_idx: int) -> torch.Generator:
         micro = batch_idx % max(1, self.trainer.accumulate_grad_batches) if self._trainer is not None else 0
         return make_generator(self.device, TRAIN_STREAM, self.seed, self.global_rank, self.global_step, micro)
 
-    def training_step(self, batch, batch_idx):
+    def mask_source(self, batch, batch_idx: int):
+        """Dynamic: a generator keyed by (seed, rank, step, micro-batch). Static: keyed by (seed, block, copy)."""
+        ids = batch["input_ids"]
+        if self.dynamic:
+            return GeneratorSource(self.mask_generator(batch_idx), ids.shape[0], ids.device)
+        epoch = self.trainer.current_epoch if self._trainer is not None else 0
+        return KeyedSource.for_blocks(self.seed, batch["block_id"], epoch % self.static_copies)
+
+    def mask_batch(self, batch, batch_idx: int):
         rate = self.schedule(self.global_step, self.max_steps)
+        out = self.masker(batch["input_ids"], batch["special_tokens_mask"], rate, self.mask_source(batch, batch_idx),
+                          word_ids=batch.get("word_ids"))
+        return rate, out
+
+    def training_step(self, batch, batch_idx):
         ids, special = batch["input_ids"], batch["special_tokens_mask"]
-        out = self.masker(ids, special, rate, self.mask_generator(batch_idx))
+        rate, out = self.mask_batch(batch, batch_idx)
         loss, logits, targets = self.model.mlm_loss(out.input_ids, batch["attention_mask"], out.labels)
         with torch.no_grad():
             acc = (logits.argmax(-1) == targets).float().mean() if targets.numel() else loss.new_zeros(())
             stats = {f"train/{k}": v for k, v in telemetry(ids, special, out).items()}
         self.log("train/mlm_loss", loss, prog_bar=True)
         self.log("train/mlm_acc", acc)
-        self.log("train/mask_rate", float(rate))
+        self.log("train/mask_rate", float(rate), prog_bar=True)
         self.log_dict(stats)
         return loss
 
@@ -53,3 +70,11 @@ class MLMModule(pl.LightningModule):
         o = self.hparams.optim
         return adamw_with_schedule(self.model, o["lr"], o["weight_decay"], o["betas"], o["eps"], o["warmup_steps"],
                                    self.max_steps, o["schedule"], o["min_lr_ratio"])
+
+
+def build_masker(mask: dict, mask_token_id: int, sampler) -> Masker:
+    r, sp = mask["replace"], mask.get("span") or {}
+    return Masker(mask_token_id, r["mask"], r["random"], r["keep"], sampler=sampler, count=mask.get("count", "bernoulli"),
+                  unit=mask.get("unit", "token"), min_per_seq=mask.get("min_per_seq"),
+                  predict_rate=mask.get("predict_rate"), span_p=sp.get("p", 0.2), span_min=sp.get("min_len", 1),
+                  span_max=sp.get("max_len", 10))

@@ -1,7 +1,16 @@
 """The object of study: pure torch masking, no Lightning, no I/O."""
 
-from mlmlab.masking.masker import BertMasker, MaskedBatch, make_generator, mask_once, mask_seed, telemetry
-from mlmlab.masking.replacement import UniformSampler
-from mlmlab.masking.schedules import Constant
+from mlmlab.masking.masker import (
+    GeneratorSource,
+    KeyedSource,
+    MaskedBatch,
+    Masker,
+    make_generator,
+    mask_once,
+    mask_seed,
+    telemetry,
+)
+from mlmlab.masking.schedules import Constant, Cosine, Linear, Piecewise, Step
 
-__all__ = ["BertMasker", "MaskedBatch", "UniformSampler", "Constant", "make_generator", "mask_once", "mask_seed", "telemetry"]
+__all__ = ["GeneratorSource", "KeyedSource", "MaskedBatch", "Masker", "make_generator", "mask_once", "mask_seed",
+           "telemetry", "Constant", "Cosine", "Linear", "Piecewise", "Step"]

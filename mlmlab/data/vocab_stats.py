@@ -1,0 +1,136 @@
+"""The data side of the replacement samplers: token counts, word lists and domain corpora, behind a SamplerContext.
+
+:mod:`mlmlab.masking.replacement` is pure torch; everything a sampler needs from files or the tokenizer comes through
+the callables of the :class:`~mlmlab.masking.replacement.SamplerContext` built here. They are lazy (a uniform run counts
+nothing and reads nothing) and their results are cached on disk like the blocks, so a sweep counts each corpus once:
+
+- ``token_counts()``: bincount of the training blocks' non-special ids (``[UNK]`` included, as in the blocks' mask),
+  keyed like the blocks (corpus + tokenizer config, sequence length, block shape);
+- ``corpus_counts(path)``: bincount of a domain text corpus (a .txt file or a folder of them) under the tokenizer,
+  keyed by the tokenizer's content and each file's resolved path, size and mtime;
+- ``read_lines(path)``: a UTF-8 word list, stripped, without empty lines and ``#`` comments;
+- ``encode_words(words)``: each string -> its piece ids, without [CLS]/[SEP].
+
+Relative paths resolve against the current directory and, if not found there, against ``paths.data_dir``
+(env ``MLMLAB_DATA_DIR``), e.g. ``mask.sampler.corpus=finance_corpus/train.txt``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from mlmlab.config import ConfigError
+from mlmlab.data.cache import cached_file, config_hash
+from mlmlab.data.corpus import _read_docs, text_files, tokenizer_key
+from mlmlab.data.tokenizer import SPECIAL_TOKENS, UNK
+from mlmlab.masking.replacement import SamplerContext
+
+COUNTS_VERSION = 1
+
+
+def find_data_path(path: str, data_dir: str | None, key: str) -> Path:
+    """``path`` as given (``~`` expanded) if it exists, else ``data_dir/path`` for a relative path; ConfigError naming
+    the key, the path and where it was looked for otherwise."""
+    p = Path(str(path)).expanduser()
+    if p.exists():
+        return p
+    tried = [str(p.resolve())]
+    if data_dir is not None and not p.is_absolute():
+        q = Path(str(data_dir)).expanduser() / p
+        if q.exists():
+            return q
+        tried.append(str(q.resolve()))
+    hint = "" if data_dir is not None or p.is_absolute() else " (set paths.data_dir or env MLMLAB_DATA_DIR to look there too)"
+    raise ConfigError(f"{key}={path!r} does not exist; looked for {' and '.join(tried)}{hint}")
+
+
+def read_lines(path: str, data_dir: str | None = None, key: str = "mask.sampler.word_list") -> list[str]:
+    """The stripped, non-empty, non-``#`` lines of a UTF-8 text file."""
+    p = find_data_path(path, data_dir, key)
+    if not p.is_file():
+        raise ConfigError(f"{key}={path!r} is not a file ({p}); expected a text file with one entry per line")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{key}={path!r} is not valid UTF-8 ({e.reason} at byte {e.start})") from e
+    return [s for s in (line.strip() for line in text.splitlines()) if s and not s.startswith("#")]
+
+
+def encode_words(tok, words: list[str]) -> list[list[int]]:
+    """Each string -> its piece ids under ``tok`` (no [CLS]/[SEP])."""
+    return [e.ids for e in tok.encode_batch(list(words), add_special_tokens=False)] if words else []
+
+
+def bincount(ids, vocab_size: int) -> torch.Tensor:
+    a = np.asarray(ids, dtype=np.int64).ravel()
+    return torch.from_numpy(np.bincount(a, minlength=vocab_size)[:vocab_size].astype(np.int64))
+
+
+def block_token_counts(blocks: dict[str, torch.Tensor], vocab_size: int) -> torch.Tensor:
+    """int64 [vocab_size]: how often each id occurs at the non-special positions of packed blocks."""
+    ids = blocks["input_ids"].long()[~blocks["special_tokens_mask"].bool()]
+    return torch.bincount(ids, minlength=vocab_size)[:vocab_size].long()
+
+
+def text_token_counts(tok, texts: list[str], vocab_size: int, batch: int = 10_000) -> torch.Tensor:
+    """int64 [vocab_size]: how often each id occurs when ``texts`` are tokenized (no [CLS]/[SEP] added)."""
+    total = torch.zeros(vocab_size, dtype=torch.int64)
+    for i in range(0, len(texts), batch):
+        total += bincount([j for ids in encode_words(tok, texts[i : i + batch]) for j in ids], vocab_size)
+    return total
+
+
+def _tokenizer_hash(tok) -> str:
+    return hashlib.sha256(tok.to_str().encode()).hexdigest()[:16]
+
+
+def _cached_counts(cache_dir: str, kind: str, key: dict, compute) -> torch.Tensor:
+    def build(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            torch.save(compute(), f)
+
+    return torch.load(cached_file(cache_dir, kind, key, "counts.pt", build), weights_only=True)
+
+
+def make_sampler_context(cfg: DictConfig, tok, blocks: dict[str, dict[str, torch.Tensor]]) -> SamplerContext:
+    """The SamplerContext of a run: ``tok`` and ``blocks`` are what :func:`mlmlab.data.corpus.get_blocks` returned."""
+    vocab_size = tok.get_vocab_size()
+    special = tuple(sorted(i for i in (tok.token_to_id(t) for t in SPECIAL_TOKENS) if i is not None))
+    cache_dir = cfg.paths.cache_dir
+    data_dir = OmegaConf.select(cfg, "paths.data_dir", default=None)
+    memo: dict[str, torch.Tensor] = {}
+
+    def token_counts() -> torch.Tensor:
+        if "train" not in memo:
+            train = blocks["train"]
+            key = {**tokenizer_key(cfg), "max_seq_len": cfg.data.max_seq_len, "split": "train",
+                   "blocks_shape": list(train["input_ids"].shape), "tokenizer_sha": _tokenizer_hash(tok),
+                   "version": COUNTS_VERSION}
+            memo["train"] = _cached_counts(cache_dir, "token_counts", key, lambda: block_token_counts(train, vocab_size))
+        return memo["train"]
+
+    def corpus_counts(path: str, key: str = "mask.sampler.corpus") -> torch.Tensor:
+        p = str(find_data_path(path, data_dir, key))
+        files = text_files(p, key)
+        ckey = {"tokenizer_sha": _tokenizer_hash(tok), "vocab_size": vocab_size, "version": COUNTS_VERSION,
+                "files": [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]}
+        h = config_hash(ckey)
+        if h not in memo:
+            memo[h] = _cached_counts(cache_dir, "corpus_counts", ckey,
+                                     lambda: text_token_counts(tok, _read_docs(p, "line", key), vocab_size))
+        return memo[h]
+
+    return SamplerContext(
+        vocab_size=vocab_size,
+        special_ids=special,
+        token_counts=token_counts,
+        encode_words=lambda words: encode_words(tok, words),
+        corpus_counts=corpus_counts,
+        read_lines=lambda path, key="mask.sampler.word_list": read_lines(path, data_dir, key),
+        unk_id=tok.token_to_id(SPECIAL_TOKENS[UNK]),
+    )
