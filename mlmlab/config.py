@@ -19,7 +19,6 @@ DATA_NAMES = ("builtin", "text_files")
 OBJECTIVES = ("mlm", "none")
 MASK_UNITS = ("token", "word", "span")
 COUNT_RULES = ("bernoulli", "exact", "prob_round")
-WORD_SEGMENTERS = ("none", "jieba")
 LR_SCHEDULES = ("linear", "cosine", "constant")
 DOC_SEPS = ("line", "blank_line")
 WANDB_MODES = ("offline", "online", "disabled")
@@ -297,7 +296,7 @@ def validate_mask(m: DictConfig) -> None:
 def validate(cfg: DictConfig) -> None:
     """Reject bad values with a :class:`ConfigError` naming the key and the allowed values. Does no data work."""
     from mlmlab.data.tasks import TASKS  # local: keeps config importable without the data stack
-    from mlmlab.data.tokenizer import SPECIAL_TOKENS
+    from mlmlab.data.tokenizer import SPECIAL_TOKENS, WORD_SEGMENTERS
 
     _check_choice("objective.name", cfg.objective.name, OBJECTIVES)
     validate_mask(cfg.mask)
