@@ -137,6 +137,10 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
         val = {"input_ids": fixed.input_ids, "labels": fixed.labels, "attention_mask": val_blocks["input_ids"] != PAD}
         dm = PretrainDataModule(train_blocks, val, cfg.data.batch_size, cfg.data.val_batch_size, cfg.seed,
                                 cfg.data.num_workers)
+    report = getattr(sampler, "report", None)
+    record.set(masking={"sampler": getattr(sampler, "name", type(sampler).__name__), "schedule": schedule.describe(),
+                        **({"sampler_report": report} if report else {})})
+    log.info("masking: %s", record.data["masking"])
     record.set(data={"vocab_size": vocab_size, "train_blocks": n_train, "val_blocks": len(val["input_ids"]),
                      "train_tokens": int((train_blocks["input_ids"] != PAD).sum()),
                      "eval_masked_tokens": int((fixed.labels != -100).sum())})
