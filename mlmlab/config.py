@@ -133,6 +133,14 @@ class OptimConfig:
 
 
 @dataclass
+class BudgetConfig:
+    """Equal-budget runs: set at most one; it replaces trainer.max_steps (see mlmlab/flops.py)."""
+
+    tokens: float | None = None  # training tokens (batch x seq x accumulation per step)
+    flops: float | None = None  # training FLOPs (fwd + bwd matmuls from the model shapes, sparse MLM head)
+
+
+@dataclass
 class TrainerConfig:
     accelerator: str = "auto"
     devices: Any = "auto"
@@ -140,6 +148,7 @@ class TrainerConfig:
     num_nodes: int = 1
     precision: str = "32-true"
     max_steps: int = 400
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
     val_check_interval: int = 100  # steps
     log_every_n_steps: int = 10
     gradient_clip_val: float | None = 1.0
@@ -346,6 +355,12 @@ def validate(cfg: DictConfig) -> None:
     _check(o.lr > 0, f"optim.lr={o.lr} must be > 0")
     _check(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), f"optim.betas={list(o.betas)} must be two values in [0, 1)")
     _check(cfg.trainer.max_steps >= 1, f"trainer.max_steps={cfg.trainer.max_steps} must be >= 1")
+    b = cfg.trainer.budget
+    _check(b.tokens is None or b.flops is None,
+           f"set at most one of trainer.budget.tokens={b.tokens} and trainer.budget.flops={b.flops}")
+    for k in ("tokens", "flops"):
+        v = b[k]
+        _check(v is None or (v > 0 and math.isfinite(v)), f"trainer.budget.{k}={v} must be > 0 or null")
 
     ds = cfg.downstream
     for i, name in enumerate(ds.tasks):

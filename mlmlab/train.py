@@ -137,6 +137,14 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
         val = {"input_ids": fixed.input_ids, "labels": fixed.labels, "attention_mask": val_blocks["input_ids"] != PAD}
         dm = PretrainDataModule(train_blocks, val, cfg.data.batch_size, cfg.data.val_batch_size, cfg.seed,
                                 cfg.data.num_workers)
+    from mlmlab.flops import steps_for_budget
+
+    cand_frac = float((~train_blocks["special_tokens_mask"]).float().mean())
+    try:
+        max_steps, budget = steps_for_budget(cfg, vocab_size, schedule, cand_frac)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    record.set(budget=budget)
     report = getattr(sampler, "report", None)
     record.set(masking={"sampler": getattr(sampler, "name", type(sampler).__name__), "schedule": schedule.describe(),
                         **({"sampler_report": report} if report else {})})
@@ -153,12 +161,12 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     encoder_cfg = EncoderConfig.from_model_cfg(cfg.model, vocab_size).to_dict()
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     module = MLMModule(encoder_cfg, OmegaConf.to_container(cfg.mask), OmegaConf.to_container(cfg.optim), cfg.seed,
-                       cfg.trainer.max_steps, list(range(len(SPECIAL_TOKENS))), MASK, eval_suffix(cfg.eval.rate),
+                       max_steps, list(range(len(SPECIAL_TOKENS))), MASK, eval_suffix(cfg.eval.rate),
                        sampler=sampler, schedule=schedule)
     record.set(model={"parameters": sum(p.numel() for p in module.model.parameters()), **encoder_cfg})
     t = cfg.trainer
     trainer = pl.Trainer(
-        **trainer_kwargs(cfg), devices=t.devices, strategy=t.strategy, num_nodes=t.num_nodes, max_steps=t.max_steps,
+        **trainer_kwargs(cfg), devices=t.devices, strategy=t.strategy, num_nodes=t.num_nodes, max_steps=max_steps,
         max_epochs=-1, val_check_interval=t.val_check_interval, check_val_every_n_epoch=None,
         log_every_n_steps=t.log_every_n_steps, gradient_clip_val=t.gradient_clip_val,
         accumulate_grad_batches=t.accumulate_grad_batches, logger=logger, enable_checkpointing=False,
@@ -170,6 +178,7 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
             trainer.fit(module, datamodule=dm)
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")})
         metrics["train/steps"] = trainer.global_step
+        metrics["budget/tokens"], metrics["budget/flops"] = float(budget["tokens"]), float(budget["flops"])
         if cfg.callbacks.checkpoint:
             trainer.save_checkpoint(out_dir / "checkpoints" / "last.ckpt")
     with record.timer("eval"):
