@@ -52,15 +52,18 @@ def steps_for_budget(cfg, vocab: int, schedule, candidate_frac: float) -> tuple[
             raise ValueError(f"trainer.budget.tokens={b.tokens:g} is smaller than one step "
                              f"({tokens_per_step} tokens = data.batch_size x data.max_seq_len x accumulate_grad_batches)")
     else:
-        per_step = None
         steps = 1000
         for _ in range(3):  # the mean rate of a schedule depends on the run length: iterate to a fixed point
-            rate = mean_predict_rate(schedule, cfg.mask, steps) * candidate_frac
-            per_step = mlm_step_flops(cfg.model, vocab, d.batch_size * t.accumulate_grad_batches, d.max_seq_len, rate)
-            steps = math.floor(b.flops / per_step)
+            steps = math.floor(b.flops / _per_step(cfg, vocab, schedule, candidate_frac, steps))
             if steps < 1:
-                raise ValueError(f"trainer.budget.flops={b.flops:g} is smaller than one step ({per_step:.3g} FLOPs)")
-    rate = mean_predict_rate(schedule, cfg.mask, steps) * candidate_frac
-    per_step = mlm_step_flops(cfg.model, vocab, d.batch_size * t.accumulate_grad_batches, d.max_seq_len, rate)
+                raise ValueError(f"trainer.budget.flops={b.flops:g} is smaller than one step "
+                                 f"({_per_step(cfg, vocab, schedule, candidate_frac, 1):.3g} FLOPs)")
+    per_step = _per_step(cfg, vocab, schedule, candidate_frac, steps)
     return steps, {"steps": steps, "tokens": steps * tokens_per_step, "flops_per_step": per_step,
                    "flops": steps * per_step}
+
+
+def _per_step(cfg, vocab: int, schedule, candidate_frac: float, steps: int) -> float:
+    rate = mean_predict_rate(schedule, cfg.mask, steps) * candidate_frac
+    return mlm_step_flops(cfg.model, vocab, cfg.data.batch_size * cfg.trainer.accumulate_grad_batches,
+                          cfg.data.max_seq_len, rate)

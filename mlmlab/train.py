@@ -111,6 +111,7 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     from mlmlab.data.tokenizer import MASK, PAD, SPECIAL_TOKENS
     from mlmlab.data.vocab_stats import make_sampler_context
     from mlmlab.downstream import run_downstream
+    from mlmlab.flops import steps_for_budget
     from mlmlab.lit.mlm import MLMModule
     from mlmlab.masking import mask_once
     from mlmlab.masking.replacement import UniformSampler
@@ -137,8 +138,6 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
         val = {"input_ids": fixed.input_ids, "labels": fixed.labels, "attention_mask": val_blocks["input_ids"] != PAD}
         dm = PretrainDataModule(train_blocks, val, cfg.data.batch_size, cfg.data.val_batch_size, cfg.seed,
                                 cfg.data.num_workers)
-    from mlmlab.flops import steps_for_budget
-
     cand_frac = float((~train_blocks["special_tokens_mask"]).float().mean())
     try:
         max_steps, budget = steps_for_budget(cfg, vocab_size, schedule, cand_frac)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -66,22 +65,21 @@ def encode_words(tok, words: list[str]) -> list[list[int]]:
     return [e.ids for e in tok.encode_batch(list(words), add_special_tokens=False)] if words else []
 
 
-def bincount(ids, vocab_size: int) -> torch.Tensor:
-    a = np.asarray(ids, dtype=np.int64).ravel()
-    return torch.from_numpy(np.bincount(a, minlength=vocab_size)[:vocab_size].astype(np.int64))
-
-
 def block_token_counts(blocks: dict[str, torch.Tensor], vocab_size: int) -> torch.Tensor:
     """int64 [vocab_size]: how often each id occurs at the non-special positions of packed blocks."""
-    ids = blocks["input_ids"].long()[~blocks["special_tokens_mask"].bool()]
-    return torch.bincount(ids, minlength=vocab_size)[:vocab_size].long()
+    return _bincount(blocks["input_ids"].long()[~blocks["special_tokens_mask"].bool()], vocab_size)
+
+
+def _bincount(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    return torch.bincount(ids.flatten(), minlength=vocab_size)[:vocab_size].long()
 
 
 def text_token_counts(tok, texts: list[str], vocab_size: int, batch: int = 10_000) -> torch.Tensor:
     """int64 [vocab_size]: how often each id occurs when ``texts`` are tokenized (no [CLS]/[SEP] added)."""
     total = torch.zeros(vocab_size, dtype=torch.int64)
     for i in range(0, len(texts), batch):
-        total += bincount([j for ids in encode_words(tok, texts[i : i + batch]) for j in ids], vocab_size)
+        flat = [j for ids in encode_words(tok, texts[i : i + batch]) for j in ids]
+        total += _bincount(torch.tensor(flat, dtype=torch.long), vocab_size)
     return total
 
 

@@ -19,6 +19,10 @@ class MLMModule(pl.LightningModule):
         # the whole run config is logged once by train.py; sampler/schedule are objects built from mask.*
         self.save_hyperparameters(ignore=["sampler", "schedule"], logger=False)
         self.model = BertForMLM(EncoderConfig(**encoder))
+        if sampler is None:  # standalone use: BERT's uniform replacements over the non-special ids
+            from mlmlab.masking.replacement import SamplerContext, UniformSampler
+
+            sampler = UniformSampler(SamplerContext(encoder["vocab_size"], tuple(special_ids)))
         self.masker = build_masker(mask, mask_token_id, sampler)
         if schedule is None:
             from mlmlab.masking import Constant
