@@ -16,12 +16,15 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 DATA_NAMES = ("builtin", "text_files")
-OBJECTIVES = ("mlm", "none")
+OBJECTIVES = ("mlm", "electra", "clm", "none")
+ELECTRA_KEYS = ("generator_size", "generator_layers", "disc_weight", "temperature", "sampling")
+SAMPLINGS = ("gumbel", "multinomial")
 MASK_UNITS = ("token", "word", "span")
 COUNT_RULES = ("bernoulli", "exact", "prob_round")
 LR_SCHEDULES = ("linear", "cosine", "constant")
 DOC_SEPS = ("line", "blank_line")
 WANDB_MODES = ("offline", "online", "disabled")
+POOLINGS = ("auto", "mean", "cls", "last")
 
 
 class ConfigError(ValueError):
@@ -117,7 +120,13 @@ class EvalConfig:
 
 @dataclass
 class ObjectiveConfig:
-    name: str = "mlm"
+    name: str = "mlm"  # mlm | electra | clm | none
+    # objective=electra only (conf/objective/electra.yaml sets them; null for the other objectives)
+    generator_size: float | None = None  # generator hidden/FFN width as a fraction of the discriminator's, (0, 1]
+    generator_layers: int | None = None  # null: the discriminator's depth
+    disc_weight: float | None = None  # loss = gen_mlm + disc_weight x disc BCE
+    temperature: float | None = None  # generator softmax temperature when sampling replacements
+    sampling: str | None = None  # gumbel | multinomial
 
 
 @dataclass
@@ -181,7 +190,7 @@ class FinetuneConfig:
     weight_decay: float = 0.01
     warmup_frac: float = 0.1
     dropout: float = 0.1
-    pooling: str = "mean"  # mean | cls
+    pooling: str = "auto"  # auto (mean; last token for objective=clm) | mean | cls | last
 
 
 @dataclass
@@ -302,12 +311,37 @@ def validate_mask(m: DictConfig) -> None:
                "mask.sampler.corpus (a domain text corpus)")
 
 
+def validate_objective(o: DictConfig, model: DictConfig) -> None:
+    _check_choice("objective.name", o.name, OBJECTIVES)
+    if o.name != "electra":
+        for k in ELECTRA_KEYS:
+            _check(o[k] is None, f"objective.{k}={o[k]} applies to objective=electra only (objective={o.name})")
+        return
+    for k in ELECTRA_KEYS:
+        _check(o[k] is not None or k == "generator_layers", f"objective.{k} must be set for objective=electra (see conf/objective/electra.yaml)")
+    _check(0.0 < o.generator_size <= 1.0, f"objective.generator_size={o.generator_size} must be in (0, 1] "
+           "(a fraction of the discriminator's hidden and FFN width)")
+    _check(o.generator_layers is None or o.generator_layers >= 1,
+           f"objective.generator_layers={o.generator_layers} must be >= 1 or null (the discriminator's depth)")
+    _check(o.disc_weight >= 0 and math.isfinite(o.disc_weight), f"objective.disc_weight={o.disc_weight} must be >= 0")
+    _check(o.temperature > 0 and math.isfinite(o.temperature), f"objective.temperature={o.temperature} must be > 0")
+    _check_choice("objective.sampling", o.sampling, SAMPLINGS)
+    from mlmlab.models.electra import generator_shape
+
+    g = generator_shape(model.hidden_size, model.num_heads, model.intermediate_size, model.num_layers,
+                        o.generator_size, o.generator_layers)
+    _check(g["hidden_size"] % g["num_heads"] == 0,
+           f"objective.generator_size={o.generator_size} gives a generator of hidden size {g['hidden_size']} "
+           f"and {g['num_heads']} heads (model.hidden_size={model.hidden_size}, model.num_heads={model.num_heads}); "
+           "the hidden size must be divisible by the heads")
+
+
 def validate(cfg: DictConfig) -> None:
     """Reject bad values with a :class:`ConfigError` naming the key and the allowed values. Does no data work."""
     from mlmlab.data.tasks import TASKS  # local: keeps config importable without the data stack
     from mlmlab.data.tokenizer import SPECIAL_TOKENS, WORD_SEGMENTERS
 
-    _check_choice("objective.name", cfg.objective.name, OBJECTIVES)
+    validate_objective(cfg.objective, cfg.model)
     validate_mask(cfg.mask)
     _check_rate("eval.rate", cfg.eval.rate)
     _check_replace("eval.replace", cfg.eval.replace)
@@ -367,7 +401,7 @@ def validate(cfg: DictConfig) -> None:
         _check_choice(f"downstream.tasks[{i}]", name, sorted(TASKS))
         TASKS[name].check_available(cfg)
     _check(len(ds.tasks) == 0 or len(ds.seeds) >= 1, "downstream.seeds must list at least one seed when tasks are set")
-    _check_choice("downstream.finetune.pooling", ds.finetune.pooling, ("mean", "cls"))
+    _check_choice("downstream.finetune.pooling", ds.finetune.pooling, POOLINGS)
     _check(ds.finetune.epochs >= 1, f"downstream.finetune.epochs={ds.finetune.epochs} must be >= 1")
     _check(
         ds.finetune.max_seq_len <= m.max_position_embeddings,

@@ -53,6 +53,14 @@ def collate(batch: list[dict]) -> dict[str, torch.Tensor]:
             "labels": torch.tensor([x["label"] for x in batch])}
 
 
+def resolve_pooling(pooling: str, encoder_cfg: dict) -> str:
+    """``auto``: the last real token for a causal encoder (the only position that has read the whole input), else the
+    mean over real tokens."""
+    if pooling != "auto":
+        return pooling
+    return "last" if encoder_cfg.get("causal") else "mean"
+
+
 def finetune_one(cfg: DictConfig, encoder_cfg: dict, encoder_state: dict, num_labels: int, train, test,
                  seed: int, trainer_kwargs: dict) -> dict[str, float]:
     f = cfg.downstream.finetune
@@ -62,7 +70,7 @@ def finetune_one(cfg: DictConfig, encoder_cfg: dict, encoder_state: dict, num_la
     test_dl = DataLoader(test, batch_size=max(64, f.batch_size), shuffle=False, collate_fn=collate)
     total = f.epochs * len(train_dl)
     module = FinetuneModule({**encoder_cfg, "dropout": f.dropout}, num_labels, f.lr, f.weight_decay, f.warmup_frac,
-                            total, f.dropout, encoder_state, f.pooling)
+                            total, f.dropout, encoder_state, resolve_pooling(f.pooling, encoder_cfg))
     trainer = pl.Trainer(max_epochs=f.epochs, logger=False, enable_checkpointing=False, enable_model_summary=False,
                          num_sanity_val_steps=0, **trainer_kwargs)
     trainer.fit(module, train_dataloaders=train_dl)

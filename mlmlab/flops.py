@@ -1,9 +1,14 @@
 """Training FLOPs from model shapes, and budgets (`trainer.budget.tokens` / `trainer.budget.flops`) turned into steps.
 
 Counts are matmul FLOPs (2 per multiply-add), the convention of Kaplan et al. and of ``torch.utils.flop_counter``;
-layer norms, softmax, GELU and embedding lookups are ignored (a few percent at these shapes). A training step is
-forward + backward = 3 x forward. The MLM head is sparse: its transform and decoder run only on predicted positions, so
-the head's cost scales with the prediction rate (``tests/test_flops.py`` checks the formula against FlopCounterMode).
+layer norms, softmax, GELU, sampling and embedding lookups are ignored (a few percent at these shapes). A training step
+is forward + backward = 3 x forward, per objective (``tests/test_flops.py`` checks each against FlopCounterMode):
+
+- mlm: encoder + the sparse MLM head (transform + decoder on the predicted positions only);
+- electra: generator (embedding projection, its narrower stack, its sparse head on the masked positions) + discriminator
+  encoder + RTD head on the real non-special tokens;
+- clm: encoder + the LM head on every position whose next token is real. Causal attention is counted as full attention:
+  that is what the CPU kernels and FlopCounterMode compute (a flash kernel on a GPU skips the masked half).
 """
 
 from __future__ import annotations
@@ -31,6 +36,43 @@ def mlm_step_flops(model, vocab: int, batch: int, seq: int, predict_frac: float)
     return 3.0 * (enc + head)
 
 
+def electra_step_flops(model, objective, vocab: int, batch: int, seq: int, predict_frac: float,
+                       candidate_frac: float) -> float:
+    """FLOPs of one ELECTRA step: generator on ``predict_frac`` masked positions, RTD head on ``candidate_frac``."""
+    from mlmlab.models.electra import generator_shape
+
+    h = model.hidden_size
+    g = generator_shape(h, model.num_heads, model.intermediate_size, model.num_layers, objective.generator_size,
+                        objective.generator_layers)
+    tokens = batch * seq
+    disc = encoder_forward_flops(batch, seq, h, model.num_layers, model.intermediate_size)
+    rtd = 2 * candidate_frac * tokens * (h * h + h)
+    gen = encoder_forward_flops(batch, seq, g["hidden_size"], g["num_layers"], g["intermediate_size"])
+    project = 2 * tokens * h * g["hidden_size"] if g["hidden_size"] != h else 0
+    n_pred = predict_frac * tokens  # the generator's head: transform (g_hidden -> h) + tied decoder (h -> vocab)
+    gen_head = 2 * n_pred * (g["hidden_size"] * h + h * vocab)
+    return 3.0 * (disc + rtd + gen + project + gen_head)
+
+
+def clm_step_flops(model, vocab: int, batch: int, seq: int, token_frac: float) -> float:
+    """FLOPs of one causal-LM step: the head on the ``token_frac`` of the ``seq - 1`` next-token positions."""
+    enc = encoder_forward_flops(batch, seq, model.hidden_size, model.num_layers, model.intermediate_size)
+    head = mlm_head_forward_flops(token_frac * batch * (seq - 1), model.hidden_size, vocab)
+    return 3.0 * (enc + head)
+
+
+def step_flops(cfg, vocab: int, predict_frac: float, candidate_frac: float, token_frac: float) -> float:
+    """FLOPs of one optimizer step of ``cfg.objective`` (all micro-batches of a gradient-accumulation step)."""
+    b, s, name = cfg.data.batch_size * cfg.trainer.accumulate_grad_batches, cfg.data.max_seq_len, cfg.objective.name
+    if name == "electra":
+        return electra_step_flops(cfg.model, cfg.objective, vocab, b, s, predict_frac, candidate_frac)
+    if name == "clm":
+        return clm_step_flops(cfg.model, vocab, b, s, token_frac)
+    if name == "mlm":
+        return mlm_step_flops(cfg.model, vocab, b, s, predict_frac)
+    return 0.0  # objective=none: no pretraining
+
+
 def mean_predict_rate(schedule, mask_cfg, total_steps: int) -> float:
     """Average predicted fraction over a run of ``total_steps`` (the schedule's mean, or predict_rate if set)."""
     if mask_cfg.predict_rate is not None:
@@ -39,9 +81,14 @@ def mean_predict_rate(schedule, mask_cfg, total_steps: int) -> float:
     return sum(schedule(int(i * total_steps / n), total_steps) for i in range(n)) / n
 
 
-def steps_for_budget(cfg, vocab: int, schedule, candidate_frac: float) -> tuple[int, dict]:
-    """``trainer.max_steps`` unless ``trainer.budget.tokens`` or ``.flops`` is set; returns (steps, accounting)."""
+def steps_for_budget(cfg, vocab: int, schedule, candidate_frac: float, token_frac: float = 1.0) -> tuple[int, dict]:
+    """``trainer.max_steps`` unless ``trainer.budget.tokens`` or ``.flops`` is set; returns (steps, accounting).
+
+    ``candidate_frac``: share of block positions that are real non-special tokens (what masking can select);
+    ``token_frac``: share of next-token positions that are real (causal LM targets)."""
     t, d = cfg.trainer, cfg.data
+    if cfg.objective.name == "none":
+        return 0, {"steps": 0, "tokens": 0, "flops_per_step": 0.0, "flops": 0.0}
     tokens_per_step = d.batch_size * d.max_seq_len * t.accumulate_grad_batches
     b = t.budget
     if b.tokens is None and b.flops is None:
@@ -54,16 +101,16 @@ def steps_for_budget(cfg, vocab: int, schedule, candidate_frac: float) -> tuple[
     else:
         steps = 1000
         for _ in range(3):  # the mean rate of a schedule depends on the run length: iterate to a fixed point
-            steps = math.floor(b.flops / _per_step(cfg, vocab, schedule, candidate_frac, steps))
+            steps = math.floor(b.flops / _per_step(cfg, vocab, schedule, candidate_frac, token_frac, steps))
             if steps < 1:
-                raise ValueError(f"trainer.budget.flops={b.flops:g} is smaller than one step "
-                                 f"({_per_step(cfg, vocab, schedule, candidate_frac, 1):.3g} FLOPs)")
-    per_step = _per_step(cfg, vocab, schedule, candidate_frac, steps)
+                raise ValueError(f"trainer.budget.flops={b.flops:g} is smaller than one step of objective="
+                                 f"{cfg.objective.name} "
+                                 f"({_per_step(cfg, vocab, schedule, candidate_frac, token_frac, 1):.3g} FLOPs)")
+    per_step = _per_step(cfg, vocab, schedule, candidate_frac, token_frac, steps)
     return steps, {"steps": steps, "tokens": steps * tokens_per_step, "flops_per_step": per_step,
                    "flops": steps * per_step}
 
 
-def _per_step(cfg, vocab: int, schedule, candidate_frac: float, steps: int) -> float:
+def _per_step(cfg, vocab: int, schedule, candidate_frac: float, token_frac: float, steps: int) -> float:
     rate = mean_predict_rate(schedule, cfg.mask, steps) * candidate_frac
-    return mlm_step_flops(cfg.model, vocab, cfg.data.batch_size * cfg.trainer.accumulate_grad_batches,
-                          cfg.data.max_seq_len, rate)
+    return step_flops(cfg, vocab, rate, candidate_frac, token_frac)

@@ -108,11 +108,10 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     from mlmlab.config import build_schedule
     from mlmlab.data.corpus import get_blocks
     from mlmlab.data.datamodule import PretrainDataModule
-    from mlmlab.data.tokenizer import MASK, PAD, SPECIAL_TOKENS
+    from mlmlab.data.tokenizer import MASK, PAD
     from mlmlab.data.vocab_stats import make_sampler_context
     from mlmlab.downstream import run_downstream
     from mlmlab.flops import steps_for_budget
-    from mlmlab.lit.mlm import MLMModule
     from mlmlab.masking import mask_once
     from mlmlab.masking.replacement import UniformSampler
     from mlmlab.models.encoder import EncoderConfig
@@ -135,18 +134,24 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
         e = cfg.eval  # fixed eval masks: token units, Bernoulli, uniform replacements -- whatever mask.* says
         fixed = mask_once(val_blocks["input_ids"], val_blocks["special_tokens_mask"], e.rate, MASK,
                           (e.replace.mask, e.replace.random, e.replace.keep), UniformSampler(ctx), e.seed)
-        val = {"input_ids": fixed.input_ids, "labels": fixed.labels, "attention_mask": val_blocks["input_ids"] != PAD}
+        val = {"input_ids": fixed.input_ids, "labels": fixed.labels, "attention_mask": val_blocks["input_ids"] != PAD,
+               "original_ids": val_blocks["input_ids"], "special_tokens_mask": val_blocks["special_tokens_mask"]}
         dm = PretrainDataModule(train_blocks, val, cfg.data.batch_size, cfg.data.val_batch_size, cfg.seed,
                                 cfg.data.num_workers)
     cand_frac = float((~train_blocks["special_tokens_mask"]).float().mean())
+    token_frac = float((train_blocks["input_ids"][:, 1:] != PAD).float().mean())
     try:
-        max_steps, budget = steps_for_budget(cfg, vocab_size, schedule, cand_frac)
+        max_steps, budget = steps_for_budget(cfg, vocab_size, schedule, cand_frac, token_frac)
     except ValueError as err:
         raise ConfigError(str(err)) from err
     record.set(budget=budget)
-    report = getattr(sampler, "report", None)
-    record.set(masking={"sampler": getattr(sampler, "name", type(sampler).__name__), "schedule": schedule.describe(),
-                        **({"sampler_report": report} if report else {})})
+    objective = cfg.objective.name
+    if objective == "clm":
+        record.set(masking={"note": "objective=clm does not mask; mask.* is not used"})
+    else:
+        report = getattr(sampler, "report", None)
+        record.set(masking={"sampler": getattr(sampler, "name", type(sampler).__name__),
+                            "schedule": schedule.describe(), **({"sampler_report": report} if report else {})})
     log.info("masking: %s", record.data["masking"])
     record.set(data={"vocab_size": vocab_size, "train_blocks": n_train, "val_blocks": len(val["input_ids"]),
                      "train_tokens": int((train_blocks["input_ids"] != PAD).sum()),
@@ -157,12 +162,10 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     state["run"] = run
     logger = WandbLogger(experiment=run) if run is not None else False
 
-    encoder_cfg = EncoderConfig.from_model_cfg(cfg.model, vocab_size).to_dict()
+    encoder_cfg = EncoderConfig.from_model_cfg(cfg.model, vocab_size, causal=objective == "clm").to_dict()
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    module = MLMModule(encoder_cfg, OmegaConf.to_container(cfg.mask), OmegaConf.to_container(cfg.optim), cfg.seed,
-                       max_steps, list(range(len(SPECIAL_TOKENS))), MASK, eval_suffix(cfg.eval.rate),
-                       sampler=sampler, schedule=schedule)
-    record.set(model={"parameters": sum(p.numel() for p in module.model.parameters()), **encoder_cfg})
+    module = build_module(cfg, encoder_cfg, max(1, max_steps), sampler, schedule)
+    record.set(model=model_record(module, encoder_cfg))
     t = cfg.trainer
     trainer = pl.Trainer(
         **trainer_kwargs(cfg), devices=t.devices, strategy=t.strategy, num_nodes=t.num_nodes, max_steps=max_steps,
@@ -172,7 +175,7 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
         num_sanity_val_steps=0, default_root_dir=str(out_dir),
     )
     metrics: dict[str, float] = {}
-    if cfg.objective.name == "mlm":
+    if objective != "none":
         with record.timer("pretrain"):
             trainer.fit(module, datamodule=dm)
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")})
@@ -186,13 +189,43 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     if not trainer.is_global_zero:
         return metrics
 
-    encoder_state = {k: v.detach().cpu().clone() for k, v in module.model.bert.state_dict().items()}
+    encoder_state = {k: v.detach().cpu().clone() for k, v in module.encoder().state_dict().items()}
     with record.timer("finetune"):
         ft = run_downstream(cfg, tok, encoder_cfg, encoder_state,
                             {**trainer_kwargs(cfg), "devices": 1, "enable_progress_bar": False})
     metrics.update(ft)
     log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})
     return metrics
+
+
+def build_module(cfg: DictConfig, encoder_cfg: dict, max_steps: int, sampler, schedule):
+    """The pretraining LightningModule of ``cfg.objective`` (objective=none: an MLM module that is never trained, so the
+    random-init encoder gets the same fixed-mask evaluation and downstream path)."""
+    from mlmlab.data.tokenizer import MASK, PAD, SPECIAL_TOKENS
+    from mlmlab.lit.clm import CLMModule
+    from mlmlab.lit.electra import ElectraModule
+    from mlmlab.lit.mlm import MLMModule
+
+    optim = OmegaConf.to_container(cfg.optim)
+    if cfg.objective.name == "clm":
+        return CLMModule(encoder_cfg, optim, max_steps, PAD)
+    cls = ElectraModule if cfg.objective.name == "electra" else MLMModule
+    return cls(encoder_cfg, OmegaConf.to_container(cfg.mask), optim, cfg.seed, max_steps,
+               list(range(len(SPECIAL_TOKENS))), MASK, eval_suffix(cfg.eval.rate), sampler=sampler,
+               schedule=schedule, objective=OmegaConf.to_container(cfg.objective))
+
+
+def model_record(module, encoder_cfg: dict) -> dict:
+    """Parameter counts: the encoder being studied (what is fine-tuned), and the whole pretraining model."""
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731  (parameters() counts a tied tensor once)
+    rec = {"parameters": count(module.model), "encoder_parameters": count(module.encoder()), **encoder_cfg}
+    gen = getattr(module.model, "generator", None)
+    if gen is not None:
+        shared = {id(p) for p in module.encoder().parameters()}
+        rec["generator_parameters"] = sum(p.numel() for p in gen.parameters() if id(p) not in shared)
+        rec["generator"] = {k: getattr(gen.config, k) for k in ("hidden_size", "num_layers", "num_heads",
+                                                                 "intermediate_size")}
+    return rec
 
 
 def build_masking(cfg: DictConfig, ctx, train_blocks: dict):

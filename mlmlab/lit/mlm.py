@@ -5,20 +5,21 @@ from __future__ import annotations
 import pytorch_lightning as pl
 import torch
 
-from mlmlab.lit.optim import adamw_with_schedule
+from mlmlab.lit.optim import adamw_from_cfg
 from mlmlab.masking import GeneratorSource, KeyedSource, Masker, make_generator, telemetry
 from mlmlab.models.encoder import BertForMLM, EncoderConfig
 
 TRAIN_STREAM = 0  # first seed part of the training mask stream (other streams, e.g. eval, use other tags)
+SAMPLE_STREAM, EVAL_SAMPLE_STREAM = 3, 4  # ELECTRA's generator samples: training (seed, rank, step, micro), validation
 
 
 class MLMModule(pl.LightningModule):
     def __init__(self, encoder: dict, mask: dict, optim: dict, seed: int, max_steps: int, special_ids: list[int],
-                 mask_token_id: int, eval_suffix: str = "r15", sampler=None, schedule=None):
+                 mask_token_id: int, eval_suffix: str = "r15", sampler=None, schedule=None, objective: dict | None = None):
         super().__init__()
         # the whole run config is logged once by train.py; sampler/schedule are objects built from mask.*
         self.save_hyperparameters(ignore=["sampler", "schedule"], logger=False)
-        self.model = BertForMLM(EncoderConfig(**encoder))
+        self.model = self.build_model(EncoderConfig(**encoder))
         if sampler is None:  # standalone use: BERT's uniform replacements over the non-special ids
             from mlmlab.masking.replacement import SamplerContext, UniformSampler
 
@@ -32,9 +33,16 @@ class MLMModule(pl.LightningModule):
         self.dynamic, self.static_copies = mask.get("dynamic", True), mask.get("static_copies", 1)
         self.seed, self.max_steps, self.eval_suffix = seed, max_steps, eval_suffix
 
-    def mask_generator(self, batch_idx: int) -> torch.Generator:
+    def build_model(self, c: EncoderConfig):
+        return BertForMLM(c)
+
+    def encoder(self):
+        """The pretrained encoder that downstream fine-tuning copies."""
+        return self.model.bert
+
+    def mask_generator(self, batch_idx: int, stream: int = TRAIN_STREAM) -> torch.Generator:
         micro = batch_idx % max(1, self.trainer.accumulate_grad_batches) if self._trainer is not None else 0
-        return make_generator(self.device, TRAIN_STREAM, self.seed, self.global_rank, self.global_step, micro)
+        return make_generator(self.device, stream, self.seed, self.global_rank, self.global_step, micro)
 
     def mask_source(self, batch, batch_idx: int):
         """Dynamic: a generator keyed by (seed, rank, step, micro-batch). Static: keyed by (seed, block, copy)."""
@@ -71,9 +79,7 @@ class MLMModule(pl.LightningModule):
         self.log(f"val/mlm_acc_{self.eval_suffix}", acc, batch_size=n)
 
     def configure_optimizers(self):
-        o = self.hparams.optim
-        return adamw_with_schedule(self.model, o["lr"], o["weight_decay"], o["betas"], o["eps"], o["warmup_steps"],
-                                   self.max_steps, o["schedule"], o["min_lr_ratio"])
+        return adamw_from_cfg(self.model, self.hparams.optim, self.max_steps)
 
 
 def build_masker(mask: dict, mask_token_id: int, sampler) -> Masker:

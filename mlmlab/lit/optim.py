@@ -34,3 +34,9 @@ def adamw_with_schedule(model: nn.Module, lr: float, weight_decay: float, betas,
     opt = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), eps=eps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup, total, schedule, min_ratio))
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def adamw_from_cfg(model: nn.Module, o: dict, total: int):
+    """``adamw_with_schedule`` from an ``optim.*`` dict (pretraining modules)."""
+    return adamw_with_schedule(model, o["lr"], o["weight_decay"], o["betas"], o["eps"], o["warmup_steps"], total,
+                               o["schedule"], o["min_lr_ratio"])

@@ -1,4 +1,5 @@
-"""A BERT-style encoder (post-LN, learned positions, SDPA attention) with a tied MLM decoder.
+"""A BERT-style encoder (post-LN, learned positions, SDPA attention) with a tied MLM decoder, and the same encoder with
+a causal mask as a next-token language model (``objective=clm``).
 
 Parameter names follow transformers' ``BertForMaskedLM`` exactly, so ``BertForMLM().state_dict()`` loads into
 ``BertForMaskedLM`` (and back) and both give the same logits; ``tests/test_encoder.py`` checks that.
@@ -30,11 +31,12 @@ class EncoderConfig:
     attention_dropout: float = 0.1
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
+    causal: bool = False  # causal self-attention (objective=clm); inputs must be right-padded
 
     @classmethod
-    def from_model_cfg(cls, model_cfg, vocab_size: int) -> EncoderConfig:
-        keys = set(cls.__dataclass_fields__) - {"vocab_size"}
-        return cls(vocab_size=vocab_size, **{k: model_cfg[k] for k in keys})
+    def from_model_cfg(cls, model_cfg, vocab_size: int, causal: bool = False) -> EncoderConfig:
+        keys = set(cls.__dataclass_fields__) - {"vocab_size", "causal"}
+        return cls(vocab_size=vocab_size, causal=causal, **{k: model_cfg[k] for k in keys})
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -65,9 +67,12 @@ class SelfAttention(nn.Module):
         self.value = nn.Linear(c.hidden_size, c.hidden_size)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """``attn_mask``: a boolean key mask ``(b, 1, 1, t)``, None (attend everywhere) or the string "causal"."""
         b, t, h = x.shape
         q, k, v = (m(x).view(b, t, self.num_heads, h // self.num_heads).transpose(1, 2) for m in (self.query, self.key, self.value))
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=self.p_drop if self.training else 0.0)
+        causal = isinstance(attn_mask, str)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if causal else attn_mask, is_causal=causal,
+                                           dropout_p=self.p_drop if self.training else 0.0)
         return y.transpose(1, 2).reshape(b, t, h)
 
 
@@ -134,8 +139,14 @@ class Encoder(nn.Module):
         self.encoder = Stack(c)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
-        attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-        return self.encoder(self.embeddings(input_ids, token_type_ids), attn_mask)
+        return self.encoder(self.embeddings(input_ids, token_type_ids), self.attn_mask(attention_mask))
+
+    def attn_mask(self, attention_mask):
+        """What the attention layers get. Causal: no padding mask is needed because padding is on the right, so a real
+        token never sees a pad (pad positions' outputs are never read)."""
+        if self.config.causal:
+            return "causal"
+        return None if attention_mask is None else attention_mask.bool()[:, None, None, :]
 
 
 def init_weights(module: nn.Module, std: float) -> None:
@@ -170,6 +181,30 @@ class BertForMLM(nn.Module):
         hidden = self.bert(input_ids, attention_mask)
         sel = labels != IGNORE_INDEX
         targets = labels[sel]
+        logits = self.cls(hidden[sel])
+        loss = F.cross_entropy(logits.float(), targets) if targets.numel() else logits.sum() * 0.0
+        return loss, logits, targets
+
+
+class CausalLM(nn.Module):
+    """The encoder with causal attention and the tied LM head predicting the next token (``objective=clm``)."""
+
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        if not c.causal:
+            raise ValueError("CausalLM needs EncoderConfig(causal=True)")
+        self.config = c
+        self.bert = Encoder(c)
+        self.cls = MLMHead(c.hidden_size, c.vocab_size, c.layer_norm_eps)
+        init_weights(self, c.initializer_range)
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def clm_loss(self, input_ids, attention_mask, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Next-token cross-entropy over every position whose next token is not padding (the head runs only there)."""
+        hidden = self.bert(input_ids, attention_mask)[:, :-1]
+        nxt = input_ids[:, 1:].long()
+        sel = nxt != pad_id
+        targets = nxt[sel]
         logits = self.cls(hidden[sel])
         loss = F.cross_entropy(logits.float(), targets) if targets.numel() else logits.sum() * 0.0
         return loss, logits, targets

@@ -1,0 +1,56 @@
+"""ELECTRA pretraining: the masker corrupts the generator's input (every ``mask.*`` axis applies), the generator's
+samples fill the masked positions, the discriminator detects replaced tokens. Downstream uses the discriminator."""
+
+from __future__ import annotations
+
+import torch
+
+from mlmlab.lit.mlm import EVAL_SAMPLE_STREAM, SAMPLE_STREAM, MLMModule
+from mlmlab.masking import make_generator, telemetry
+from mlmlab.models.electra import ElectraForPretraining, rtd_metrics
+from mlmlab.models.encoder import EncoderConfig
+
+
+class ElectraModule(MLMModule):
+    """``objective``: generator_size, generator_layers, disc_weight, temperature, sampling (conf/objective/electra.yaml)."""
+
+    def build_model(self, c: EncoderConfig):
+        o = self.hparams.objective
+        return ElectraForPretraining(c, o["generator_size"], o.get("generator_layers"), tuple(self.hparams.special_ids))
+
+    def encoder(self):
+        return self.model.discriminator
+
+    def _rtd(self, batch, masked_ids, labels, original, generator):
+        o = self.hparams.objective
+        return self.model(masked_ids, labels, original, batch["attention_mask"], batch["special_tokens_mask"],
+                          disc_weight=o["disc_weight"], temperature=o["temperature"], generator=generator,
+                          sampling=o["sampling"])
+
+    def training_step(self, batch, batch_idx):
+        ids, special = batch["input_ids"], batch["special_tokens_mask"]
+        rate, masked = self.mask_batch(batch, batch_idx)
+        out = self._rtd(batch, masked.input_ids, masked.labels, ids, self.mask_generator(batch_idx, SAMPLE_STREAM))
+        with torch.no_grad():
+            stats = {f"train/{k}": v for k, v in telemetry(ids, special, masked).items()}
+        self.log("train/loss", out.loss.detach(), prog_bar=True)
+        self.log_dict({f"train/{k}": v for k, v in rtd_metrics(out).items()})
+        self.log("train/mask_rate", float(rate), prog_bar=True)
+        self.log_dict(stats)
+        return out.loss
+
+    def validation_step(self, batch, batch_idx):
+        """At the fixed evaluation masks: the generator's MLM loss / accuracy and the discriminator's metrics on the
+        generator's samples (drawn from a fixed per-batch stream, so repeated validations are comparable)."""
+        g = make_generator(self.device, EVAL_SAMPLE_STREAM, batch_idx)
+        out = self._rtd(batch, batch["input_ids"], batch["labels"], batch["original_ids"], g)
+        m = rtd_metrics(out)
+        n_gen, n_disc = max(1, out.gen_targets.numel()), max(1, out.disc_targets.numel())
+        s = self.eval_suffix
+        self.log(f"val/gen_mlm_loss_{s}", m["gen_mlm_loss"], batch_size=n_gen, prog_bar=True)
+        self.log(f"val/gen_acc_{s}", m["gen_acc"], batch_size=n_gen)
+        for k in ("disc_loss", "disc_acc", "replaced_frac"):
+            self.log(f"val/{k}_{s}", m[k], batch_size=n_disc)
+        n_rep = max(1, int(out.disc_targets.sum()))
+        self.log(f"val/disc_acc_replaced_{s}", m["disc_acc_replaced"], batch_size=n_rep)
+        self.log(f"val/disc_acc_original_{s}", m["disc_acc_original"], batch_size=max(1, n_disc - n_rep))

@@ -1,0 +1,258 @@
+"""Baseline objectives: ELECTRA replaced-token detection and causal LM, and equal-FLOP budgets across objectives."""
+
+import json
+import math
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from mlmlab.config import ConfigError, validate
+from mlmlab.flops import clm_step_flops, electra_step_flops
+from mlmlab.lit.electra import ElectraModule
+from mlmlab.masking import GeneratorSource, make_generator
+from mlmlab.masking.masker import BertMasker
+from mlmlab.masking.replacement import SamplerContext, UniformSampler
+from mlmlab.models.electra import ElectraForPretraining
+from mlmlab.models.encoder import CausalLM, EncoderConfig, SequenceClassifier
+from mlmlab.train import train
+
+SPECIAL = (0, 1, 2, 3, 4)
+MASK_ID = 4
+
+
+def tiny(vocab=64, **kw) -> EncoderConfig:
+    return EncoderConfig(vocab_size=vocab, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+                         max_position_embeddings=64, dropout=0.0, attention_dropout=0.0, **kw)
+
+
+def batch(vocab=64, b=6, t=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(len(SPECIAL), vocab, (b, t), generator=g)
+    ids[:, 0], ids[:, -1] = 2, 3  # [CLS] ... [SEP]
+    ids[0, -5:] = 0  # right padding in one row
+    special = torch.isin(ids, torch.tensor(SPECIAL))
+    attention = ids != 0
+    masker = BertMasker(MASK_ID, 0.85, 0.0, 0.15, sampler=UniformSampler(SamplerContext(vocab, SPECIAL)))
+    out = masker(ids, special, 0.3, GeneratorSource(make_generator("cpu", seed), b, ids.device))
+    return ids, special, attention, out
+
+
+def rtd(model, ids, special, attention, masked, seed=0, **kw):
+    return model(masked.input_ids, masked.labels, ids, attention, special, generator=make_generator("cpu", 99, seed), **kw)
+
+
+# ------------------------------------------------------------------------------------------------------- ELECTRA
+
+
+def test_rtd_targets_are_exactly_token_differs_from_original():
+    torch.manual_seed(0)
+    model = ElectraForPretraining(tiny(vocab=12), 0.25, special_ids=SPECIAL)  # 7 drawable ids: samples often hit
+    ids, special, attention, masked = batch(vocab=12)
+    out = rtd(model, ids, special, attention, masked)
+    sel = masked.labels != -100
+    assert torch.equal(out.corrupted_ids[~sel], ids[~sel].long())  # only the generator's positions change
+    assert torch.equal(out.disc_positions, attention & ~special)
+    assert torch.equal(out.disc_targets, (out.corrupted_ids != ids)[out.disc_positions].float())
+    same = sel & (out.corrupted_ids == ids)  # sampled the original token: labelled "original"
+    assert same.any() and (sel & ~same).any()
+    assert out.disc_targets.sum() == (sel & ~same).sum()
+    assert not torch.isin(out.corrupted_ids[sel], torch.tensor(SPECIAL)).any()  # specials are never sampled
+
+
+def test_no_gradient_from_the_discriminator_loss_into_the_generator():
+    model = ElectraForPretraining(tiny(), 0.25, special_ids=SPECIAL)
+    ids, special, attention, masked = batch()
+    out = rtd(model, ids, special, attention, masked)
+    out.disc_loss.backward(retain_graph=True)
+    gen_only = [(n, p) for n, p in model.generator.named_parameters()
+                if p is not model.discriminator.embeddings.word_embeddings.weight]
+    assert gen_only and all(p.grad is None or not p.grad.any() for _, p in gen_only)
+    assert model.discriminator.embeddings.word_embeddings.weight.grad.abs().sum() > 0  # the shared tensor learns
+    out.gen_loss.backward()  # and the generator does get gradients from its own loss
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for n, p in gen_only if "bias" not in n)
+
+
+def test_tied_embeddings_are_one_tensor():
+    model = ElectraForPretraining(tiny(), 0.25, special_ids=SPECIAL)
+    word = model.discriminator.embeddings.word_embeddings.weight
+    assert model.generator.cls.predictions.decoder.weight is word
+    assert model.embeddings is model.discriminator.embeddings  # the generator reads the discriminator's embeddings
+    assert not any(isinstance(m, torch.nn.Embedding) for m in model.generator.modules())
+    ptrs = [p.data_ptr() for p in model.parameters()]
+    assert len(ptrs) == len(set(ptrs)) and ptrs.count(word.data_ptr()) == 1
+    # a training step keeps them one tensor, and both paths see the update
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ids, special, attention, masked = batch()
+    rtd(model, ids, special, attention, masked).loss.backward()
+    opt.step()
+    assert model.generator.cls.predictions.decoder.weight.data_ptr() == word.data_ptr()
+
+
+@pytest.mark.parametrize("method", ["gumbel", "multinomial"])
+def test_sampling_follows_the_tempered_softmax(method):
+    model = ElectraForPretraining(tiny(vocab=8), 0.25, special_ids=SPECIAL)
+    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, -1.0]]).repeat(40000, 1)
+    for temp in (1.0, 2.0):
+        draws = model.sample(logits, temp, torch.Generator().manual_seed(1), method)
+        expect = torch.softmax(logits[0, 5:] / temp, -1)
+        freq = torch.bincount(draws, minlength=8)[5:].float() / len(draws)
+        assert torch.bincount(draws, minlength=8)[:5].sum() == 0
+        assert torch.allclose(freq, expect, atol=0.01), (freq, expect)
+    a = model.sample(logits[:50], 1.0, torch.Generator().manual_seed(3), method)
+    b = model.sample(logits[:50], 1.0, torch.Generator().manual_seed(3), method)
+    assert torch.equal(a, b)
+
+
+def test_downstream_gets_the_discriminator():
+    c = tiny()
+    enc = {k: v for k, v in c.to_dict().items()}
+    mask = {"rate": 0.15, "replace": {"mask": 0.85, "random": 0.0, "keep": 0.15}}
+    module = ElectraModule(enc, mask, {}, 0, 10, list(SPECIAL), MASK_ID,
+                           objective={"generator_size": 0.25, "disc_weight": 50.0, "temperature": 1.0,
+                                      "sampling": "gumbel"})
+    assert module.encoder() is module.model.discriminator
+    clf = SequenceClassifier(c, 2)
+    clf.bert.load_state_dict(module.encoder().state_dict(), strict=True)  # same keys as an MLM encoder
+
+
+# ------------------------------------------------------------------------------------------------------- causal LM
+
+
+def test_causal_encoder_does_not_see_the_future_and_reads_the_last_token():
+    model = CausalLM(tiny(causal=True)).eval()
+    ids = torch.randint(5, 64, (2, 16))
+    changed = ids.clone()
+    changed[:, 10:] = torch.randint(5, 64, (2, 6))
+    h1, h2 = model.bert(ids), model.bert(changed)
+    assert torch.allclose(h1[:, :10], h2[:, :10], atol=1e-5) and not torch.allclose(h1[:, 10:], h2[:, 10:])
+    clf = SequenceClassifier(tiny(causal=True), 3, dropout=0.0, pooling="last").eval()
+    short = torch.randint(5, 64, (1, 9))
+    padded = torch.cat([short, torch.zeros(1, 7, dtype=torch.long)], 1)
+    assert torch.allclose(clf(short, short != 0), clf(padded, padded != 0), atol=1e-5)  # right padding is invisible
+
+
+def test_clm_loss_is_next_token_and_skips_padding():
+    model = CausalLM(tiny(causal=True))
+    ids = torch.randint(5, 64, (3, 12))
+    ids[1, 8:] = 0
+    loss, logits, targets = model.clm_loss(ids, ids != 0, pad_id=0)
+    assert targets.numel() == 3 * 11 - 4 and torch.equal(targets[:11], ids[0, 1:])
+    assert torch.isfinite(loss) and logits.shape == (targets.numel(), 64)
+
+
+# ------------------------------------------------------------------------------------------------------- FLOPs
+
+
+SHAPE = OmegaConf.create({"hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 256})
+
+
+def counted_flops(fn) -> int:
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as fc:
+        fn().backward()
+    return fc.get_total_flops()
+
+
+@pytest.mark.parametrize("size,layers", [(0.25, None), (0.5, 1), (1.0, None)])
+def test_electra_formula_matches_flop_counter(size, layers):
+    vocab, b, t = 1024, 4, 64
+    c = EncoderConfig(vocab_size=vocab, **SHAPE, max_position_embeddings=64, dropout=0.0, attention_dropout=0.0)
+    model = ElectraForPretraining(c, size, layers, special_ids=SPECIAL)
+    ids, special, attention, masked = batch(vocab, b, t)
+    n_pred = int((masked.labels != -100).sum())
+    n_cand = int((attention & ~special).sum())
+    flops = counted_flops(lambda: rtd(model, ids, special, attention, masked).loss)
+    obj = OmegaConf.create({"generator_size": size, "generator_layers": layers})
+    predicted = electra_step_flops(SHAPE, obj, vocab, b, t, n_pred / (b * t), n_cand / (b * t))
+    assert abs(predicted - flops) / flops < 0.05, (predicted, flops)
+
+
+def test_clm_formula_matches_flop_counter():
+    vocab, b, t = 2048, 4, 64
+    model = CausalLM(EncoderConfig(vocab_size=vocab, **SHAPE, max_position_embeddings=64, causal=True, dropout=0.0,
+                                   attention_dropout=0.0))
+    ids = torch.randint(5, vocab, (b, t))
+    ids[0, -8:] = 0
+    flops = counted_flops(lambda: model.clm_loss(ids, ids != 0, 0)[0])
+    predicted = clm_step_flops(SHAPE, vocab, b, t, float((ids[:, 1:] != 0).float().mean()))
+    assert abs(predicted - flops) / flops < 0.05, (predicted, flops)
+
+
+# ------------------------------------------------------------------------------------------------------- end to end
+
+BUDGET = 2.5e10
+
+
+@pytest.fixture(scope="module")
+def budget_runs(tmp_path_factory, cache_dir):
+    from conftest import FAST, make_cfg
+
+    runs = {}
+    for obj in ("mlm", "electra", "clm"):
+        out = tmp_path_factory.mktemp(obj)
+        cfg = make_cfg([*FAST, f"objective={obj}", f"trainer.budget.flops={BUDGET}", "logger=none",
+                        "trainer.val_check_interval=5", "callbacks.checkpoint=false"], out, cache_dir)
+        runs[obj] = (train(cfg), json.loads((out / "results.json").read_text()))
+    return runs
+
+
+def test_budget_stops_each_objective_at_the_same_flops(budget_runs):
+    steps = {}
+    for obj, (m, rec) in budget_runs.items():
+        b = rec["budget"]
+        assert m["train/steps"] == b["steps"] >= 1
+        assert BUDGET - b["flops_per_step"] < m["budget/flops"] == b["flops"] <= BUDGET, obj  # within one step
+        steps[obj] = b["steps"]
+    assert steps["electra"] < steps["mlm"] and steps["clm"] < steps["mlm"]  # costlier steps, fewer of them
+
+
+def test_tiny_electra_run_end_to_end(budget_runs):
+    m, rec = budget_runs["electra"]
+    for k in ("gen_mlm_loss", "gen_acc", "disc_loss", "disc_acc", "disc_acc_replaced", "disc_acc_original",
+              "replaced_frac", "selected_frac"):
+        assert math.isfinite(m[f"train/{k}"]), k
+    assert 0 < m["val/replaced_frac_r15"] < 0.2 and m["val/gen_mlm_loss_r15"] > 0 and m["val/disc_loss_r15"] > 0
+    assert m["train/special_selected"] == 0 and math.isfinite(m["downstream/score"])
+    assert rec["config"]["mask"]["name"] == "electra" and rec["config"]["mask"]["replace"]["random"] == 0.0
+    assert rec["model"]["generator"]["hidden_size"] == 16 and rec["model"]["generator_parameters"] > 0
+
+
+def test_tiny_clm_run_end_to_end(budget_runs):
+    m, rec = budget_runs["clm"]
+    assert m["val/clm_loss"] > 0 and 0 <= m["val/clm_acc"] <= 1 and math.isfinite(m["downstream/score"])
+    assert rec["model"]["causal"] is True and "mask.* is not used" in rec["masking"]["note"]
+    assert not any(k.startswith("train/mlm") for k in m)
+
+
+def test_electra_selects_its_mask_preset_unless_overridden(cfg_factory):
+    assert cfg_factory("objective=electra").mask.name == "electra"
+    c = cfg_factory("objective=electra", "mask=bert", "mask.rate=0.25")
+    assert c.mask.name == "bert" and c.mask.rate == 0.25 and c.objective.disc_weight == 50.0
+    assert cfg_factory("objective=mlm").mask.name == "bert"
+
+
+BAD = [
+    (["objective=electra", "objective.generator_size=0"], "objective.generator_size=0.0 must be in (0, 1]"),
+    (["objective=electra", "objective.generator_size=1.5"], "objective.generator_size=1.5 must be in (0, 1]"),
+    (["objective=electra", "objective.disc_weight=-1"], "objective.disc_weight=-1.0 must be >= 0"),
+    (["objective=electra", "objective.temperature=0"], "objective.temperature=0.0 must be > 0"),
+    (["objective=electra", "objective.sampling=argmax"], "allowed: gumbel, multinomial"),
+    (["objective=electra", "objective.generator_layers=0"], "objective.generator_layers=0 must be >= 1"),
+    (["objective=electra", "objective.generator_size=0.77"], "must be divisible by the heads"),
+    (["objective=mlm", "objective.disc_weight=10"], "applies to objective=electra only"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD)
+def test_bad_objective_config_rejected(overrides, message, cfg_factory):
+    with pytest.raises(ConfigError) as e:
+        validate(cfg_factory(*overrides))
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize("obj", ["electra", "clm"])
+def test_budget_smaller_than_one_step_rejected(obj, cfg_factory):
+    with pytest.raises(ConfigError, match=f"smaller than one step of objective={obj}"):
+        train(cfg_factory(f"objective={obj}", "trainer.budget.flops=1e6", "logger=none"))
