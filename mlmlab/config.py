@@ -334,6 +334,10 @@ def validate_objective(o: DictConfig, model: DictConfig) -> None:
            f"objective.generator_size={o.generator_size} gives a generator of hidden size {g['hidden_size']} "
            f"and {g['num_heads']} heads (model.hidden_size={model.hidden_size}, model.num_heads={model.num_heads}); "
            "the hidden size must be divisible by the heads")
+    _check(g["hidden_size"] // g["num_heads"] >= 8,
+           f"objective.generator_size={o.generator_size} gives a generator of hidden size {g['hidden_size']} "
+           f"with {g['num_heads']} head(s): a head size of {g['hidden_size'] // g['num_heads']} < 8; "
+           "allowed: a generator_size that keeps the head size >= 8")
 
 
 def validate(cfg: DictConfig) -> None:
@@ -402,6 +406,9 @@ def validate(cfg: DictConfig) -> None:
         TASKS[name].check_available(cfg)
     _check(len(ds.tasks) == 0 or len(ds.seeds) >= 1, "downstream.seeds must list at least one seed when tasks are set")
     _check_choice("downstream.finetune.pooling", ds.finetune.pooling, POOLINGS)
+    _check(not (cfg.objective.name == "clm" and ds.finetune.pooling == "cls"),
+           "downstream.finetune.pooling=cls with objective=clm: under causal attention the first token sees only "
+           "itself; allowed: auto (= last), last, mean")
     _check(ds.finetune.epochs >= 1, f"downstream.finetune.epochs={ds.finetune.epochs} must be >= 1")
     _check(
         ds.finetune.max_seq_len <= m.max_position_embeddings,

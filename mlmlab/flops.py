@@ -2,7 +2,8 @@
 
 Counts are matmul FLOPs (2 per multiply-add), the convention of Kaplan et al. and of ``torch.utils.flop_counter``;
 layer norms, softmax, GELU, sampling and embedding lookups are ignored (a few percent at these shapes). A training step
-is forward + backward = 3 x forward, per objective (``tests/test_flops.py`` checks each against FlopCounterMode):
+is forward + backward = 3 x forward, per objective (``tests/test_flops.py`` and ``tests/test_objectives.py`` check
+each against FlopCounterMode):
 
 - mlm: encoder + the sparse MLM head (transform + decoder on the predicted positions only);
 - electra: generator (embedding projection, its narrower stack, its sparse head on the masked positions) + discriminator
@@ -62,8 +63,10 @@ def clm_step_flops(model, vocab: int, batch: int, seq: int, token_frac: float) -
 
 
 def step_flops(cfg, vocab: int, predict_frac: float, candidate_frac: float, token_frac: float) -> float:
-    """FLOPs of one optimizer step of ``cfg.objective`` (all micro-batches of a gradient-accumulation step)."""
-    b, s, name = cfg.data.batch_size * cfg.trainer.accumulate_grad_batches, cfg.data.max_seq_len, cfg.objective.name
+    """FLOPs of one optimizer step of ``cfg.objective``: every micro-batch of a gradient-accumulation step, on every
+    data-parallel process."""
+    t = cfg.trainer
+    b, s, name = cfg.data.batch_size * t.accumulate_grad_batches * world_size(t), cfg.data.max_seq_len, cfg.objective.name
     if name == "electra":
         return electra_step_flops(cfg.model, cfg.objective, vocab, b, s, predict_frac, candidate_frac)
     if name == "clm":
@@ -81,6 +84,22 @@ def mean_predict_rate(schedule, mask_cfg, total_steps: int) -> float:
     return sum(schedule(int(i * total_steps / n), total_steps) for i in range(n)) / n
 
 
+def world_size(t) -> int:
+    """Data-parallel processes a Trainer built from ``trainer.*`` will run (each one a batch per micro-step)."""
+    d = t.devices
+    if isinstance(d, str) and d.strip().lstrip("-").isdigit():
+        d = int(d)
+    if isinstance(d, int) and d > 0:
+        n = d
+    elif isinstance(d, int) or d == "auto":  # -1 / "auto": every visible GPU when running on GPUs, else one process
+        import torch
+
+        n = torch.cuda.device_count() if t.accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available() else 1
+    else:  # a list of device indices
+        n = len(d)
+    return max(1, n) * t.num_nodes
+
+
 def steps_for_budget(cfg, vocab: int, schedule, candidate_frac: float, token_frac: float = 1.0) -> tuple[int, dict]:
     """``trainer.max_steps`` unless ``trainer.budget.tokens`` or ``.flops`` is set; returns (steps, accounting).
 
@@ -89,15 +108,16 @@ def steps_for_budget(cfg, vocab: int, schedule, candidate_frac: float, token_fra
     t, d = cfg.trainer, cfg.data
     if cfg.objective.name == "none":
         return 0, {"steps": 0, "tokens": 0, "flops_per_step": 0.0, "flops": 0.0}
-    tokens_per_step = d.batch_size * d.max_seq_len * t.accumulate_grad_batches
+    world = world_size(t)
+    tokens_per_step = d.batch_size * d.max_seq_len * t.accumulate_grad_batches * world
     b = t.budget
     if b.tokens is None and b.flops is None:
         steps = t.max_steps
     elif b.tokens is not None:
         steps = math.floor(b.tokens / tokens_per_step)
         if steps < 1:
-            raise ValueError(f"trainer.budget.tokens={b.tokens:g} is smaller than one step "
-                             f"({tokens_per_step} tokens = data.batch_size x data.max_seq_len x accumulate_grad_batches)")
+            raise ValueError(f"trainer.budget.tokens={b.tokens:g} is smaller than one step ({tokens_per_step} tokens = "
+                             "data.batch_size x data.max_seq_len x accumulate_grad_batches x devices)")
     else:
         steps = 1000
         for _ in range(3):  # the mean rate of a schedule depends on the run length: iterate to a fixed point
@@ -108,7 +128,7 @@ def steps_for_budget(cfg, vocab: int, schedule, candidate_frac: float, token_fra
                                  f"({_per_step(cfg, vocab, schedule, candidate_frac, token_frac, 1):.3g} FLOPs)")
     per_step = _per_step(cfg, vocab, schedule, candidate_frac, token_frac, steps)
     return steps, {"steps": steps, "tokens": steps * tokens_per_step, "flops_per_step": per_step,
-                   "flops": steps * per_step}
+                   "flops": steps * per_step, "world_size": world}
 
 
 def _per_step(cfg, vocab: int, schedule, candidate_frac: float, token_frac: float, steps: int) -> float:

@@ -174,6 +174,15 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
         accumulate_grad_batches=t.accumulate_grad_batches, logger=logger, enable_checkpointing=False,
         num_sanity_val_steps=0, default_root_dir=str(out_dir),
     )
+    if objective != "none" and trainer.world_size != budget["world_size"]:
+        b = cfg.trainer.budget
+        if b.tokens is not None or b.flops is not None:
+            raise ConfigError(f"trainer.devices={t.devices} gave {trainer.world_size} processes, but the budget assumed "
+                              f"{budget['world_size']}; set trainer.devices to a number of devices")
+        scale = trainer.world_size / budget["world_size"]  # no budget: only the accounting needs the real world size
+        budget.update(tokens=budget["tokens"] * scale, flops=budget["flops"] * scale,
+                      flops_per_step=budget["flops_per_step"] * scale, world_size=trainer.world_size)
+        record.set(budget=budget)
     metrics: dict[str, float] = {}
     if objective != "none":
         with record.timer("pretrain"):

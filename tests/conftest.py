@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +49,10 @@ def cfg_factory(tmp_path, cache_dir):
         return make_cfg([*FAST, *overrides], output_dir or tmp_path / "run", cache_dir)
 
     return factory
+
+
+def run_cli(args: list[str], cache: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``python -m mlmlab.train <args>`` in a subprocess, offline, with the session's cache."""
+    env = {**os.environ, "MLMLAB_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "1"}
+    return subprocess.run([sys.executable, "-m", "mlmlab.train", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)

@@ -1,21 +1,11 @@
 """The README's commands, short variants: a single CLI run and real Hydra multiruns into tmp dirs."""
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-from conftest import ROOT
+from conftest import ROOT, run_cli
 
 from mlmlab.analysis import load_runs, read_wandb_offline, wandb_run_dirs
-
-
-def run_cli(args: list[str], cache: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MLMLAB_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "1"}
-    return subprocess.run([sys.executable, "-m", "mlmlab.train", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def test_readme_shows_the_contract_commands():

@@ -51,6 +51,9 @@ class ElectraModule(MLMModule):
         self.log(f"val/gen_acc_{s}", m["gen_acc"], batch_size=n_gen)
         for k in ("disc_loss", "disc_acc", "replaced_frac"):
             self.log(f"val/{k}_{s}", m[k], batch_size=n_disc)
-        n_rep = max(1, int(out.disc_targets.sum()))
-        self.log(f"val/disc_acc_replaced_{s}", m["disc_acc_replaced"], batch_size=n_rep)
-        self.log(f"val/disc_acc_original_{s}", m["disc_acc_original"], batch_size=max(1, n_disc - n_rep))
+        n_rep = int(out.disc_targets.sum())
+        n_orig = out.disc_targets.numel() - n_rep
+        if n_rep:  # token-weighted over the epoch; a batch with none contributes nothing (not a 0 of weight 1)
+            self.log(f"val/disc_acc_replaced_{s}", m["disc_acc_replaced"], batch_size=n_rep)
+        if n_orig:
+            self.log(f"val/disc_acc_original_{s}", m["disc_acc_original"], batch_size=n_orig)

@@ -15,7 +15,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        (no_decay if p.ndim < 2 or "LayerNorm" in name or "embeddings" in name else decay).append(p)
+        parts = name.split(".")  # whole name segments: "embeddings_project" (ELECTRA's generator) is a normal weight
+        (no_decay if p.ndim < 2 or "LayerNorm" in parts or "embeddings" in parts else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
