@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-DATA_NAMES = ("builtin", "text_files")
+DATA_NAMES = ("builtin", "text_files", "imdb", "wikitext2", "zh", "finance", "medical")  # all but builtin: text files
 OBJECTIVES = ("mlm", "electra", "clm", "none")
 ELECTRA_KEYS = ("generator_size", "generator_layers", "disc_weight", "temperature", "sampling")
 SAMPLINGS = ("gumbel", "multinomial")
@@ -183,7 +183,7 @@ class LoggerConfig:
 
 @dataclass
 class FinetuneConfig:
-    lr: float = 3e-4
+    lr: Any = 3e-4  # a float, or a list: a grid, the lr chosen on validation (mean over seeds of the primary metric)
     epochs: int = 4
     batch_size: int = 32
     max_seq_len: int = 64
@@ -191,13 +191,17 @@ class FinetuneConfig:
     warmup_frac: float = 0.1
     dropout: float = 0.1
     pooling: str = "auto"  # auto (mean; last token for objective=clm) | mean | cls | last
+    stride: int = 32  # overlap (tokens) of consecutive windows over texts longer than max_seq_len
+    early_stopping_patience: int | None = None  # epochs without a better validation score; null: all epochs
 
 
 @dataclass
 class DownstreamConfig:
     tasks: list[str] = field(default_factory=lambda: ["builtin_sentiment", "builtin_topic"])
-    seeds: list[int] = field(default_factory=lambda: [0, 1])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    max_train_examples: int | None = None  # the first N training examples of each task (quick runs); null: all
+    val_fraction: float = 0.1  # held out of train for tasks without a validation split, when one is needed
     # built-in tasks: sizes of the generated splits
     builtin_n_train: int = 512
     builtin_n_test: int = 1000
@@ -234,6 +238,15 @@ class TrainConfig:
 
 def register_configs() -> None:
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    if not OmegaConf.has_resolver("data_file"):
+        OmegaConf.register_new_resolver("data_file", _data_file)
+
+
+def _data_file(rel: str, *, _root_) -> str:
+    """``${data_file:imdb/corpus/train.txt}``: a file of the data dir (``paths.data_dir`` / env MLMLAB_DATA_DIR).
+    Unset, the path says so, and the file check that follows names the key and what to set."""
+    d = _root_.paths.get("data_dir")
+    return str(Path(str(d)).expanduser() / rel) if d is not None else f"<set paths.data_dir or MLMLAB_DATA_DIR>/{rel}"
 
 
 register_configs()
@@ -409,7 +422,20 @@ def validate(cfg: DictConfig) -> None:
     _check(not (cfg.objective.name == "clm" and ds.finetune.pooling == "cls"),
            "downstream.finetune.pooling=cls with objective=clm: under causal attention the first token sees only "
            "itself; allowed: auto (= last), last, mean")
-    _check(ds.finetune.epochs >= 1, f"downstream.finetune.epochs={ds.finetune.epochs} must be >= 1")
+    f = ds.finetune
+    _check(f.epochs >= 1, f"downstream.finetune.epochs={f.epochs} must be >= 1")
+    lrs = list(f.lr) if isinstance(f.lr, ListConfig) else [f.lr]
+    _check(len(lrs) >= 1 and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in lrs),
+           f"downstream.finetune.lr={f.lr} must be a learning rate > 0 or a non-empty list of them (a grid)")
+    _check(0 <= f.stride < f.max_seq_len - 2,
+           f"downstream.finetune.stride={f.stride} must be in [0, downstream.finetune.max_seq_len - 2 = "
+           f"{f.max_seq_len - 2})")
+    _check(f.early_stopping_patience is None or f.early_stopping_patience >= 1,
+           f"downstream.finetune.early_stopping_patience={f.early_stopping_patience} must be >= 1 or null")
+    _check(ds.max_train_examples is None or ds.max_train_examples >= 1,
+           f"downstream.max_train_examples={ds.max_train_examples} must be >= 1 or null")
+    _check(0 < ds.val_fraction < 1, f"downstream.val_fraction={ds.val_fraction} must be in (0, 1)")
+    _check(len(set(ds.seeds)) == len(ds.seeds), f"downstream.seeds={list(ds.seeds)} has duplicates")
     _check(
         ds.finetune.max_seq_len <= m.max_position_embeddings,
         f"downstream.finetune.max_seq_len={ds.finetune.max_seq_len} exceeds model.max_position_embeddings={m.max_position_embeddings}",

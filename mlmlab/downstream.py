@@ -1,56 +1,258 @@
-"""Downstream evaluation: for each task and each fine-tuning seed, fine-tune a fresh copy of the encoder.
+"""Downstream evaluation: for each task, each learning rate of the grid and each fine-tuning seed, fine-tune a fresh
+copy of the encoder; choose the lr on validation, report the test split where the task has labelled test data
+(otherwise validation, and say so).
 
-Metric keys: ``downstream/<task>/<metric>`` (mean over seeds), ``downstream/<task>/<metric>_std`` (sample std over
-seeds, 0 for one seed), ``downstream/<task>/seed_<s>/<metric>`` (per seed) and ``downstream/score`` (mean over tasks of
-each task's main metric).
+Metric keys: ``downstream/<task>/<metric>`` (mean over seeds at the chosen lr), ``..._std`` (sample std), ``..._ci95``
+(half-width of the t-distribution 95% interval; with 2+ seeds), ``downstream/<task>/seed_<s>/<metric>`` and
+``downstream/score`` (mean over tasks of each task's primary metric). What was reported where (split, chosen lr, the
+whole grid) goes to results.json under ``downstream``.
+
+Long inputs: a single text longer than ``max_seq_len`` becomes overlapping windows (``downstream.finetune.stride``
+tokens of overlap); each window is a training example with the text's label, and at evaluation the window logits are
+averaged. Sentence pairs are truncated, longer side first (as BERT). Token classification (NER) labels the first
+sub-token of each word; every word is predicted once, from the window in which it is most central.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 
 import pytorch_lightning as pl
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 from torch.utils.data import DataLoader
 
-from mlmlab.data.tasks import TASKS
+from mlmlab.data.tasks import TASKS, TaskSpec, hold_out
 from mlmlab.data.tokenizer import CLS, PAD, SEP
 from mlmlab.lit.finetune import FinetuneModule
 
 log = logging.getLogger(__name__)
+IGNORE = -100
 
 
-def encode_examples(tok, examples: list[dict], max_seq_len: int) -> list[dict]:
-    """``[CLS] text [SEP]`` (``[CLS] a [SEP] b [SEP]`` for pairs), truncated to ``max_seq_len``."""
+# ----------------------------------------------------------------------------------------------------- encoding
+
+
+def windows(n: int, body: int, stride: int) -> list[tuple[int, int]]:
+    """[start, end) spans of at most ``body`` tokens covering ``range(n)``, consecutive spans overlapping by
+    ``stride`` tokens (the last one ends at ``n``)."""
+    if n <= body:
+        return [(0, n)]
+    step = max(1, body - stride)
+    starts = list(range(0, n - body, step)) + [n - body]
+    return [(s, s + body) for s in starts]
+
+
+def encode_examples(tok, examples: list[dict], max_seq_len: int, stride: int = 0) -> list[dict]:
+    """``[CLS] text [SEP]`` windows (``[CLS] a [SEP] b [SEP]`` for pairs, truncated). Each item has ``doc``: the index
+    of its example, so window logits can be averaged back."""
     a = tok.encode_batch([e["text"] for e in examples], add_special_tokens=False)
     b = tok.encode_batch([e["text_b"] for e in examples], add_special_tokens=False) if "text_b" in examples[0] else None
     out = []
     for i, e in enumerate(examples):
         ids_a = a[i].ids
         if b is None:
-            ids, types = [CLS] + ids_a[: max_seq_len - 2] + [SEP], None
-        else:
-            ids_b, budget = b[i].ids, max_seq_len - 3
-            while len(ids_a) + len(ids_b) > budget:  # truncate the longer side first, as BERT does
-                (ids_a if len(ids_a) >= len(ids_b) else ids_b).pop()
-            ids = [CLS] + ids_a + [SEP] + ids_b + [SEP]
-            types = [0] * (len(ids_a) + 2) + [1] * (len(ids_b) + 1)
-        out.append({"input_ids": ids, "token_type_ids": types, "label": int(e["label"])})
+            for s, t in windows(len(ids_a), max_seq_len - 2, stride):
+                out.append({"input_ids": [CLS] + ids_a[s:t] + [SEP], "token_type_ids": None, "label": int(e["label"]),
+                            "doc": i})
+            continue
+        ids_a, ids_b, budget = list(ids_a), list(b[i].ids), max_seq_len - 3
+        while len(ids_a) + len(ids_b) > budget:  # truncate the longer side first, as BERT does
+            (ids_a if len(ids_a) >= len(ids_b) else ids_b).pop()
+        ids = [CLS] + ids_a + [SEP] + ids_b + [SEP]
+        types = [0] * (len(ids_a) + 2) + [1] * (len(ids_b) + 1)
+        out.append({"input_ids": ids, "token_type_ids": types, "label": int(e["label"]), "doc": i})
     return out
+
+
+def encode_tokens(tok, examples: list[dict], max_seq_len: int, stride: int) -> tuple[list[dict], list[dict]]:
+    """NER windows and, per example, where each word is read from: ``(items, index)``; ``index[i]["at"][w]`` is
+    ``(item, position)`` of word ``w``'s first sub-token in the window where it is most central, or None for a word
+    that produced no token."""
+    encs = tok.encode_batch([e["tokens"] for e in examples], is_pretokenized=True, add_special_tokens=False)
+    items, index = [], []
+    for i, (e, enc) in enumerate(zip(examples, encs)):
+        first: dict[int, int] = {}
+        for pos, w in enumerate(enc.word_ids):
+            if w is not None and w not in first:
+                first[w] = pos
+        spans = windows(len(enc.ids), max_seq_len - 2, stride)
+        at: list = [None] * len(e["tokens"])
+        best = [-1.0] * len(e["tokens"])
+        for s, t in spans:
+            labels = [IGNORE] * (t - s)
+            for w, pos in first.items():
+                if s <= pos < t:
+                    labels[pos - s] = e["tags"][w]
+                    centrality = min(pos - s, t - 1 - pos)
+                    if centrality > best[w]:
+                        best[w], at[w] = centrality, (len(items), pos - s + 1)  # +1: [CLS]
+            items.append({"input_ids": [CLS] + enc.ids[s:t] + [SEP], "token_type_ids": None,
+                          "labels": [IGNORE] + labels + [IGNORE], "doc": i})
+        index.append({"at": at, "tags": e["tags"]})
+    return items, index
 
 
 def collate(batch: list[dict]) -> dict[str, torch.Tensor]:
     n = max(len(x["input_ids"]) for x in batch)
     ids = torch.full((len(batch), n), PAD, dtype=torch.long)
     types = torch.zeros((len(batch), n), dtype=torch.long)
+    token_labels = torch.full((len(batch), n), IGNORE, dtype=torch.long) if "labels" in batch[0] else None
     for i, x in enumerate(batch):
         ids[i, : len(x["input_ids"])] = torch.tensor(x["input_ids"])
         if x["token_type_ids"] is not None:
             types[i, : len(x["token_type_ids"])] = torch.tensor(x["token_type_ids"])
-    return {"input_ids": ids, "attention_mask": ids != PAD, "token_type_ids": types,
-            "labels": torch.tensor([x["label"] for x in batch])}
+        if token_labels is not None:
+            token_labels[i, : len(x["labels"])] = torch.tensor(x["labels"])
+    out = {"input_ids": ids, "attention_mask": ids != PAD, "token_type_ids": types}
+    out["labels"] = token_labels if token_labels is not None else torch.tensor([x["label"] for x in batch])
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------- metrics
+
+
+def classification_metrics(preds: torch.Tensor, target: torch.Tensor, num_classes: int,
+                           names: tuple[str, ...]) -> dict[str, float]:
+    """acc; f1 (binary: of class 1; multi-class: macro); mcc (Matthews). torchmetrics' functional forms."""
+    from torchmetrics.functional.classification import (
+        binary_f1_score,
+        multiclass_accuracy,
+        multiclass_f1_score,
+        multiclass_matthews_corrcoef,
+    )
+
+    out = {}
+    for m in names:
+        if m == "acc":
+            v = multiclass_accuracy(preds, target, num_classes=num_classes, average="micro")
+        elif m == "f1":
+            v = (binary_f1_score(preds, target) if num_classes == 2
+                 else multiclass_f1_score(preds, target, num_classes=num_classes, average="macro"))
+        elif m == "mcc":
+            v = multiclass_matthews_corrcoef(preds, target, num_classes=num_classes)
+        else:
+            raise ValueError(f"metric {m!r} is not a classification metric")
+        out[m] = float(v)
+    return out
+
+
+def entity_f1(true_tags: list[list[str]], pred_tags: list[list[str]]) -> dict[str, float]:
+    """Entity-level micro F1 (seqeval's default, conlleval semantics), with precision and recall."""
+    from seqeval.metrics import f1_score, precision_score, recall_score
+
+    kw = {"zero_division": 0}  # no predicted entity: precision 0, not a warning
+    return {"entity_f1": float(f1_score(true_tags, pred_tags, **kw)),
+            "precision": float(precision_score(true_tags, pred_tags, **kw)),
+            "recall": float(recall_score(true_tags, pred_tags, **kw))}
+
+
+def mean_ci95(values: list[float]) -> tuple[float, float, float | None]:
+    """Mean, sample std (0 for one value) and the half-width of the t-distribution 95% interval (None for one)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, 0.0, None
+    from scipy.stats import t
+
+    std = statistics.stdev(values)
+    return mean, std, float(t.ppf(0.975, len(values) - 1) * std / math.sqrt(len(values)))
+
+
+# ----------------------------------------------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def predict_logits(model, items: list[dict], batch_size: int) -> list[torch.Tensor]:
+    was_training = model.training
+    model.eval()
+    out = []
+    for i in range(0, len(items), batch_size):
+        b = collate(items[i : i + batch_size])
+        b = {k: v.to(next(model.parameters()).device) for k, v in b.items()}
+        out.extend(model(b).float().cpu())
+    model.train(was_training)
+    return out
+
+
+def evaluate(model, spec: TaskSpec, split: dict, label_names: list[str], batch_size: int) -> dict[str, float]:
+    """The task's metrics on an encoded split (windows averaged per example; NER words read once)."""
+    logits = predict_logits(model, split["items"], batch_size)
+    if spec.kind == "token":
+        true, pred = [], []
+        fallback = label_names.index("O") if "O" in label_names else 0
+        for ex in split["index"]:
+            true.append([label_names[t] for t in ex["tags"]])
+            pred.append([label_names[int(logits[a[0]][a[1]].argmax()) if a is not None else fallback]
+                         for a in ex["at"]])
+        return entity_f1(true, pred)
+    n_docs = split["n"]
+    sums = torch.zeros(n_docs, len(label_names))
+    counts = torch.zeros(n_docs)
+    for item, lg in zip(split["items"], logits):
+        sums[item["doc"]] += lg
+        counts[item["doc"]] += 1
+    preds = (sums / counts[:, None]).argmax(-1)
+    return classification_metrics(preds, torch.tensor(split["labels"]), len(label_names), spec.metrics)
+
+
+class BestOnValidation(pl.Callback):
+    """Early stopping on the validation primary metric: evaluate after every epoch, keep the best weights, stop after
+    ``patience`` epochs without improvement; the best weights are restored when training ends."""
+
+    def __init__(self, spec: TaskSpec, split: dict, label_names: list[str], batch_size: int, patience: int):
+        self.spec, self.split, self.names, self.bs, self.patience = spec, split, label_names, batch_size, patience
+        self.best, self.best_state, self.bad, self.history = -math.inf, None, 0, []
+
+    def on_train_epoch_end(self, trainer, module):
+        score = evaluate(module, self.spec, self.split, self.names, self.bs)[self.spec.main_metric]
+        self.history.append(score)
+        if score > self.best:
+            self.best, self.bad = score, 0
+            self.best_state = {k: v.detach().clone() for k, v in module.state_dict().items()}
+        else:
+            self.bad += 1
+            if self.bad >= self.patience:
+                trainer.should_stop = True
+
+    def on_train_end(self, trainer, module):
+        if self.best_state is not None:
+            module.load_state_dict(self.best_state)
+
+
+# ----------------------------------------------------------------------------------------------------- protocol
+
+
+def encode_split(tok, spec: TaskSpec, records: list[dict], f) -> dict:
+    if spec.kind == "token":
+        items, index = encode_tokens(tok, records, f.max_seq_len, f.stride)
+        return {"items": items, "index": index, "n": len(records)}
+    items = encode_examples(tok, records, f.max_seq_len, f.stride)
+    return {"items": items, "labels": [r["label"] for r in records], "n": len(records)}
+
+
+def finetune_one(cfg: DictConfig, spec: TaskSpec, encoder_cfg: dict, encoder_state: dict, label_names: list[str],
+                 splits: dict, lr: float, seed: int, trainer_kwargs: dict) -> dict[str, dict[str, float]]:
+    """Fine-tune one copy; returns the metrics on each evaluated split (``validation`` if present, ``test`` if
+    present)."""
+    f = cfg.downstream.finetune
+    pl.seed_everything(seed, workers=True, verbose=False)
+    g = torch.Generator().manual_seed(seed)
+    train_dl = DataLoader(splits["train"]["items"], batch_size=f.batch_size, shuffle=True, collate_fn=collate,
+                          generator=g)
+    total = f.epochs * len(train_dl)
+    module = FinetuneModule({**encoder_cfg, "dropout": f.dropout}, len(label_names), lr, f.weight_decay, f.warmup_frac,
+                            total, f.dropout, encoder_state, resolve_pooling(f.pooling, encoder_cfg),
+                            token_level=spec.kind == "token")
+    eval_bs = max(64, f.batch_size)
+    callbacks = []
+    if f.early_stopping_patience is not None and "validation" in splits:
+        callbacks.append(BestOnValidation(spec, splits["validation"], label_names, eval_bs, f.early_stopping_patience))
+    trainer = pl.Trainer(max_epochs=f.epochs, logger=False, enable_checkpointing=False, enable_model_summary=False,
+                         num_sanity_val_steps=0, callbacks=callbacks, **trainer_kwargs)
+    trainer.fit(module, train_dataloaders=train_dl)
+    return {s: evaluate(module, spec, splits[s], label_names, eval_bs) for s in ("validation", "test") if s in splits}
 
 
 def resolve_pooling(pooling: str, encoder_cfg: dict) -> str:
@@ -61,41 +263,60 @@ def resolve_pooling(pooling: str, encoder_cfg: dict) -> str:
     return "last" if encoder_cfg.get("causal") else "mean"
 
 
-def finetune_one(cfg: DictConfig, encoder_cfg: dict, encoder_state: dict, num_labels: int, train, test,
-                 seed: int, trainer_kwargs: dict) -> dict[str, float]:
-    f = cfg.downstream.finetune
-    pl.seed_everything(seed, workers=True, verbose=False)
-    g = torch.Generator().manual_seed(seed)
-    train_dl = DataLoader(train, batch_size=f.batch_size, shuffle=True, collate_fn=collate, generator=g)
-    test_dl = DataLoader(test, batch_size=max(64, f.batch_size), shuffle=False, collate_fn=collate)
-    total = f.epochs * len(train_dl)
-    module = FinetuneModule({**encoder_cfg, "dropout": f.dropout}, num_labels, f.lr, f.weight_decay, f.warmup_frac,
-                            total, f.dropout, encoder_state, resolve_pooling(f.pooling, encoder_cfg))
-    trainer = pl.Trainer(max_epochs=f.epochs, logger=False, enable_checkpointing=False, enable_model_summary=False,
-                         num_sanity_val_steps=0, **trainer_kwargs)
-    trainer.fit(module, train_dataloaders=train_dl)
-    (res,) = trainer.test(module, dataloaders=test_dl, verbose=False)
-    return {"acc": float(res["test/acc"])}
+def learning_rates(lr) -> list[float]:
+    return [float(x) for x in lr] if isinstance(lr, (list, tuple, ListConfig)) else [float(lr)]
 
 
-def run_downstream(cfg: DictConfig, tok, encoder_cfg: dict, encoder_state: dict, trainer_kwargs: dict) -> dict[str, float]:
+def run_task(cfg: DictConfig, tok, spec: TaskSpec, encoder_cfg: dict, encoder_state: dict,
+             trainer_kwargs: dict) -> tuple[dict[str, float], dict]:
+    ds, f = cfg.downstream, cfg.downstream.finetune
+    data = spec.load(cfg)
+    lrs = learning_rates(f.lr)
+    has_test = "test" in data
+    use_val = len(lrs) > 1 or f.early_stopping_patience is not None or not has_test
+    records = {s: data[s] for s in ("train", "validation", "test") if s in data and (s != "validation" or use_val)}
+    from_train = use_val and "validation" not in data
+    if from_train:
+        records["train"], records["validation"] = hold_out(data["train"], ds.val_fraction)
+    if ds.max_train_examples is not None:
+        records["train"] = records["train"][: ds.max_train_examples]
+    splits = {s: encode_split(tok, spec, r, f) for s, r in records.items()}
+    grid: dict[float, dict[int, dict]] = {}
+    for lr in lrs:
+        for seed in ds.seeds:
+            grid.setdefault(lr, {})[seed] = finetune_one(cfg, spec, encoder_cfg, encoder_state, data["label_names"],
+                                                         splits, lr, seed, trainer_kwargs)
+            log.info("downstream %s lr %g seed %s: %s", spec.name, lr, seed, grid[lr][seed])
+    main = spec.main_metric
+    best_lr = lrs[0] if len(lrs) == 1 else max(
+        lrs, key=lambda lr: statistics.fmean(r["validation"][main] for r in grid[lr].values()))
+    reported = "test" if has_test else "validation"
     metrics: dict[str, float] = {}
+    names = list(next(iter(grid[best_lr].values()))[reported])
+    for m in names:
+        vals = [grid[best_lr][s][reported][m] for s in ds.seeds]
+        mean, std, ci = mean_ci95(vals)
+        metrics[f"downstream/{spec.name}/{m}"], metrics[f"downstream/{spec.name}/{m}_std"] = mean, std
+        if ci is not None:
+            metrics[f"downstream/{spec.name}/{m}_ci95"] = ci
+        for s, v in zip(ds.seeds, vals):
+            metrics[f"downstream/{spec.name}/seed_{s}/{m}"] = v
+    report = {"reported_split": reported, "main_metric": main, "best_lr": best_lr, "lrs": lrs,
+              "validation_from_train": from_train,
+              "n": {s: v["n"] for s, v in splits.items()},
+              "grid": {str(lr): {str(s): r for s, r in by_seed.items()} for lr, by_seed in grid.items()}}
+    return metrics, report
+
+
+def run_downstream(cfg: DictConfig, tok, encoder_cfg: dict, encoder_state: dict,
+                   trainer_kwargs: dict) -> tuple[dict[str, float], dict]:
+    metrics: dict[str, float] = {}
+    report: dict = {}
     main_scores = []
     for name in cfg.downstream.tasks:
         spec = TASKS[name]
-        splits = spec.load(cfg)
-        train = encode_examples(tok, splits["train"], cfg.downstream.finetune.max_seq_len)
-        test = encode_examples(tok, splits["test"], cfg.downstream.finetune.max_seq_len)
-        per_seed: dict[str, list[float]] = {m: [] for m in spec.metrics}
-        for seed in cfg.downstream.seeds:
-            res = finetune_one(cfg, encoder_cfg, encoder_state, spec.num_labels(cfg), train, test, seed, trainer_kwargs)
-            for m in spec.metrics:
-                per_seed[m].append(res[m])
-                metrics[f"downstream/{name}/seed_{seed}/{m}"] = res[m]
-            log.info("downstream %s seed %s: %s", name, seed, res)
-        for m, vals in per_seed.items():
-            metrics[f"downstream/{name}/{m}"] = statistics.fmean(vals)
-            metrics[f"downstream/{name}/{m}_std"] = statistics.stdev(vals) if len(vals) > 1 else 0.0
-        main_scores.append(metrics[f"downstream/{name}/{spec.main_metric}"])
+        m, report[name] = run_task(cfg, tok, spec, encoder_cfg, encoder_state, trainer_kwargs)
+        metrics.update(m)
+        main_scores.append(m[f"downstream/{name}/{spec.main_metric}"])
     metrics["downstream/score"] = statistics.fmean(main_scores) if main_scores else float("nan")
-    return metrics
+    return metrics, report

@@ -108,6 +108,7 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     from mlmlab.config import build_schedule
     from mlmlab.data.corpus import get_blocks
     from mlmlab.data.datamodule import PretrainDataModule
+    from mlmlab.data.tasks import TASKS
     from mlmlab.data.tokenizer import MASK, PAD
     from mlmlab.data.vocab_stats import make_sampler_context
     from mlmlab.downstream import run_downstream
@@ -129,6 +130,8 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
             raise ConfigError(f"data.batch_size={cfg.data.batch_size} is larger than the {n_train} training blocks; "
                               f"allowed: 1..{n_train}")
         val_blocks = {k: v[: cfg.data.max_val_blocks] for k, v in val_blocks.items()}
+        for name in cfg.downstream.tasks:  # load (and check) every task now: a bad file or an unreachable hub fails
+            TASKS[name].load(cfg)          # before pretraining, not after it
         ctx = make_sampler_context(cfg, tok, blocks)
         sampler, schedule = build_masking(cfg, ctx, train_blocks), build_schedule(cfg.mask)
         e = cfg.eval  # fixed eval masks: token units, Bernoulli, uniform replacements -- whatever mask.* says
@@ -200,9 +203,10 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
 
     encoder_state = {k: v.detach().cpu().clone() for k, v in module.encoder().state_dict().items()}
     with record.timer("finetune"):
-        ft = run_downstream(cfg, tok, encoder_cfg, encoder_state,
-                            {**trainer_kwargs(cfg), "devices": 1, "enable_progress_bar": False})
+        ft, report = run_downstream(cfg, tok, encoder_cfg, encoder_state,
+                                    {**trainer_kwargs(cfg), "devices": 1, "enable_progress_bar": False})
     metrics.update(ft)
+    record.set(downstream=report)
     log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})
     return metrics
 

@@ -15,6 +15,8 @@ import mlmlab.config  # noqa: F401  (registers the schema)
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 ROOT = Path(__file__).resolve().parents[1]
+# ../shared/data (or $MLMLAB_DATA_DIR): real data sets; tests that need them skip with a reason when absent
+SHARED = Path(os.environ.get("MLMLAB_DATA_DIR") or ROOT.parent / "shared" / "data")
 
 # Fast, offline, quiet defaults for every test job (tiny model, few steps, small built-in corpus).
 FAST = ["debug=fast"]

@@ -1,44 +1,226 @@
-"""Downstream task registry: name -> how to load its splits, how many labels, which metrics.
+"""Downstream task registry: what each task's records look like, its label set, metrics and primary metric, and where
+its splits come from (the built-in generator, local JSON Lines files in the layout of ``../shared/data``, or the hub).
 
-A task yields ``{"train": [...], "test": [...]}`` lists of ``{"text": str, "label": int}`` (``"text_b"`` for pairs).
+A loaded task is ``{"train": [...], "validation": [...], "test": [...]}`` (``test`` only where it has labels) of records
+``{"text": str, "label": int}`` (``"text_b"`` for pairs) or, for token classification, ``{"tokens": [str],
+"tags": [int]}``. Label strings are mapped to ids in the order of ``TaskSpec.labels`` (or of their sorted set in train).
+Local files: ``<data dir>/<TaskSpec.local>/<split>.jsonl``, the data dir from ``paths.data_dir`` or ``$MLMLAB_DATA_DIR``.
 """
 
 from __future__ import annotations
 
+import json
+import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from omegaconf import DictConfig
 
+from mlmlab.config import ConfigError
 from mlmlab.data import builtin
+
+KINDS = ("single", "pair", "token")
+METRICS = ("acc", "f1", "mcc", "entity_f1")
+SPLITS = ("train", "validation", "test")
 
 
 @dataclass(frozen=True)
 class TaskSpec:
     name: str
-    kind: str  # "single" | "pair"
-    metrics: tuple[str, ...]
-    num_labels: Callable[[DictConfig], int]
-    load: Callable[[DictConfig], dict[str, list[dict]]]
+    kind: str  # single | pair | token
+    columns: tuple[str, ...]  # text column(s); for token tasks the list-of-words column
+    label_column: str = "label"
+    metrics: tuple[str, ...] = ("acc",)
     main_metric: str = "acc"
+    labels: tuple[str, ...] | None = None  # label names in id order (string labels); None: from the data
+    local: str | None = None  # folder under the data dir holding <split>.jsonl
+    hub: tuple[str, str | None] | None = None  # datasets.load_dataset(path, name)
+    hub_splits: dict[str, str] = field(default_factory=dict)  # our split -> the hub's split name
+    splits: tuple[str, ...] = ("train", "validation", "test")  # labelled splits the task has
+    generate: Callable[[DictConfig], dict[str, list[dict]]] | None = None  # built-in tasks
 
     def check_available(self, cfg: DictConfig) -> None:
-        """Raise ConfigError early when the task cannot run with this config (missing files etc.)."""
+        """ConfigError before any work when the task cannot be loaded with this config (no local files, no hub)."""
+        if self.generate is not None:
+            return
+        folder = self.local_dir(cfg)
+        if folder is not None and folder.is_dir():  # local files win; all declared splits must be there
+            missing = [s for s in self.splits if not (folder / f"{s}.jsonl").is_file()]
+            if missing:
+                raise ConfigError(f"task {self.name}: {', '.join(f'{folder}/{s}.jsonl' for s in missing)} not found "
+                                  f"(the task declares the splits {list(self.splits)})")
+        elif self.hub is None:
+            where = f"{folder}" if folder is not None else f"<data dir>/{self.local}"
+            raise ConfigError(f"task {self.name} needs local files in {where} ({', '.join(self.splits)}.jsonl); set "
+                              "paths.data_dir or MLMLAB_DATA_DIR to a ../shared/data-style folder")
+
+    def local_dir(self, cfg: DictConfig) -> Path | None:
+        root = data_root(cfg)
+        return None if self.local is None or root is None else root / self.local
+
+    def num_labels(self, cfg: DictConfig) -> int:
+        return len(self.label_names(cfg))
+
+    def label_names(self, cfg: DictConfig) -> list[str]:
+        return self.load(cfg)["label_names"]
+
+    def load(self, cfg: DictConfig) -> dict:
+        """The task's splits (records) and ``label_names``; cached per config for the process."""
+        key = (self.name, _cfg_key(cfg))
+        if key not in _CACHE:
+            _CACHE[key] = self._load(cfg)
+        return _CACHE[key]
+
+    def _load(self, cfg: DictConfig) -> dict:
+        if self.generate is not None:
+            out = self.generate(cfg)
+            n = builtin.task_num_labels(self.name, cfg.data.n_topics if cfg.data.name == "builtin" else 8)
+            return {**out, "label_names": [str(i) for i in range(n)]}
+        self.check_available(cfg)
+        folder = self.local_dir(cfg)
+        raw = {}
+        for split in self.splits:
+            if folder is not None and folder.is_dir():
+                raw[split] = read_jsonl(folder / f"{split}.jsonl")
+            else:
+                raw[split] = _hub_split(self, split)
+        return self.convert(raw)
+
+    def convert(self, raw: dict[str, list[dict]]) -> dict:
+        """Check columns and labels of raw records and turn them into the common form (label ids)."""
+        for split, rows in raw.items():
+            if not rows:
+                raise ConfigError(f"task {self.name}: the {split} split is empty")
+            need = (*self.columns, self.label_column)
+            for i, r in enumerate(rows):
+                missing = [c for c in need if c not in r]
+                if missing:
+                    raise ConfigError(f"task {self.name}: {split} record {i + 1} lacks column(s) {missing}; "
+                                      f"the task declares {list(need)}, the record has {sorted(r)}")
+        names = self._label_set(raw["train"])
+        index = {n: i for i, n in enumerate(names)}
+        out: dict = {"label_names": names}
+        for split, rows in raw.items():
+            out[split] = [self._record(r, index, split, i) for i, r in enumerate(rows)]
+        return out
+
+    def _label_set(self, train: list[dict]) -> list[str]:
+        if self.labels is not None:
+            return list(self.labels)
+        values = {v for r in train for v in (r[self.label_column] if self.kind == "token" else [r[self.label_column]])}
+        if len(values) < 2:
+            raise ConfigError(f"task {self.name}: the train split has a single label {sorted(map(str, values))}; "
+                              "a classifier needs at least two")
+        return [str(v) for v in sorted(values)]
+
+    def _record(self, r: dict, index: dict[str, int], split: str, i: int) -> dict:
+        def lid(v) -> int:
+            if str(v) not in index:
+                raise ConfigError(f"task {self.name}: {split} record {i + 1} has label {v!r}, which is not in the "
+                                  f"train split's label set {list(index)}")
+            return index[str(v)]
+
+        if self.kind == "token":
+            words, tags = list(r[self.columns[0]]), [lid(t) for t in r[self.label_column]]
+            if len(words) != len(tags):
+                raise ConfigError(f"task {self.name}: {split} record {i + 1} has {len(words)} tokens but "
+                                  f"{len(tags)} tags")
+            return {"tokens": words, "tags": tags}
+        out = {"text": str(r[self.columns[0]]), "label": lid(r[self.label_column])}
+        if self.kind == "pair":
+            out["text_b"] = str(r[self.columns[1]])
+        return out
+
+
+_CACHE: dict = {}
+
+
+def data_root(cfg: DictConfig) -> Path | None:
+    """``paths.data_dir`` (default: env MLMLAB_DATA_DIR), or None."""
+    d = cfg.paths.get("data_dir")
+    return None if d is None else Path(str(d)).expanduser()
+
+
+def _cfg_key(cfg: DictConfig) -> str:
+    d, ds = cfg.data, cfg.downstream
+    return json.dumps([str(data_root(cfg)), d.name, d.get("n_topics"), ds.builtin_n_train, ds.builtin_n_test,
+                       ds.get("val_fraction")], default=str)
+
+
+def hold_out(train: list[dict], frac: float) -> tuple[list[dict], list[dict]]:
+    """A fixed validation split from train (seeded shuffle), for tasks without one when lr selection or early
+    stopping needs it. Returns (train, validation)."""
+    idx = list(range(len(train)))
+    random.Random(0).shuffle(idx)
+    n_val = max(1, int(round(frac * len(train))))
+    val = set(idx[:n_val])
+    return [r for i, r in enumerate(train) if i not in val], [r for i, r in enumerate(train) if i in val]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Records of a JSON Lines file; a non-UTF-8 byte or a bad line is reported with the file and line number."""
+    rows = []
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ConfigError(f"{path}, line {n}: not valid UTF-8 ({e.reason} at byte {e.start})") from e
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}, line {n}: not valid JSON ({e.msg})") from e
+    return rows
+
+
+def _hub_split(spec: TaskSpec, split: str) -> list[dict]:
+    import datasets
+
+    path, name = spec.hub
+    try:
+        ds = datasets.load_dataset(path, name, split=spec.hub_splits.get(split, split))
+    except Exception as e:
+        raise ConfigError(f"task {spec.name}: could not load {path}{'/' + name if name else ''} split {split} from "
+                          f"the hub ({type(e).__name__}: {e}); for offline work put local files under "
+                          f"<data dir>/{spec.local or spec.name}/") from e
+    feats = ds.features.get(spec.label_column)
+    names = getattr(feats, "names", None) or getattr(getattr(feats, "feature", None), "names", None)
+    rows = ds.to_list()
+    if names:  # ClassLabel ids -> their names, so hub and local records share one label vocabulary
+        for r in rows:
+            v = r[spec.label_column]
+            r[spec.label_column] = [names[t] for t in v] if isinstance(v, list) else names[v]
+    return rows
 
 
 def _builtin(name: str) -> TaskSpec:
-    def load(cfg: DictConfig) -> dict[str, list[dict]]:
+    def generate(cfg: DictConfig) -> dict[str, list[dict]]:
         d, ds = cfg.data, cfg.downstream
         n_topics = d.n_topics if d.name == "builtin" else 8
-        return {
-            split: builtin.generate_task(name, split, n, seed=0, n_topics=n_topics)
-            for split, n in (("train", ds.builtin_n_train), ("test", ds.builtin_n_test))
-        }
+        return {split: builtin.generate_task(name, split, n, seed=0, n_topics=n_topics)
+                for split, n in (("train", ds.builtin_n_train), ("test", ds.builtin_n_test))}
 
-    def num_labels(cfg: DictConfig) -> int:
-        return builtin.task_num_labels(name, cfg.data.n_topics if cfg.data.name == "builtin" else 8)
-
-    return TaskSpec(name=name, kind="single", metrics=("acc",), num_labels=num_labels, load=load)
+    return TaskSpec(name=name, kind="single", columns=("text",), splits=("train", "test"), generate=generate)
 
 
+GLUE = ("nyu-mll/glue",)
 TASKS: dict[str, TaskSpec] = {name: _builtin(name) for name in builtin.TASK_NAMES}
+TASKS.update({t.name: t for t in [
+    TaskSpec("sst2", "single", ("sentence",), local="sst2", hub=(*GLUE, "sst2"), splits=("train", "validation")),
+    TaskSpec("cola", "single", ("sentence",), metrics=("mcc", "acc"), main_metric="mcc", local="cola",
+             hub=(*GLUE, "cola"), splits=("train", "validation")),
+    TaskSpec("imdb", "single", ("text",), local="imdb/cls", hub=("stanfordnlp/imdb", None), splits=("train", "test")),
+    TaskSpec("chnsenticorp", "single", ("text",), local="chnsenticorp", hub=("lansinuote/ChnSentiCorp", None)),
+    TaskSpec("financial_phrasebank", "single", ("text",), metrics=("acc", "f1"),
+             labels=("negative", "neutral", "positive"), local="financial_phrasebank/cls"),
+    TaskSpec("medical", "single", ("text",), metrics=("acc", "f1"), local="medical/cls"),
+    TaskSpec("rte", "pair", ("sentence1", "sentence2"), local="rte", hub=(*GLUE, "rte"), splits=("train", "validation")),
+    TaskSpec("mrpc", "pair", ("sentence1", "sentence2"), metrics=("f1", "acc"), main_metric="f1", local="mrpc",
+             hub=(*GLUE, "mrpc"), splits=("train", "validation")),
+    TaskSpec("qnli", "pair", ("question", "sentence"), local="qnli", hub=(*GLUE, "qnli"), splits=("train", "validation")),
+    TaskSpec("conll2003", "token", ("tokens",), label_column="ner_tags", metrics=("entity_f1",),
+             main_metric="entity_f1", local="conll2003", hub=("eriktks/conll2003", None)),
+]})

@@ -1,36 +1,35 @@
-"""Sequence-classification fine-tuning of an encoder copy."""
+"""Fine-tuning of an encoder copy: sequence classification, or token classification (NER) with ``token_level``."""
 
 from __future__ import annotations
 
 import pytorch_lightning as pl
 import torch.nn.functional as F
-from torchmetrics.classification import MulticlassAccuracy
 
 from mlmlab.lit.optim import adamw_with_schedule
-from mlmlab.models.encoder import EncoderConfig, SequenceClassifier
+from mlmlab.models.encoder import EncoderConfig, SequenceClassifier, TokenClassifier
 
 
 class FinetuneModule(pl.LightningModule):
     def __init__(self, encoder: dict, num_labels: int, lr: float, weight_decay: float, warmup_frac: float,
-                 total_steps: int, dropout: float = 0.1, encoder_state: dict | None = None, pooling: str = "mean"):
+                 total_steps: int, dropout: float = 0.1, encoder_state: dict | None = None, pooling: str = "mean",
+                 token_level: bool = False):
         super().__init__()
         self.save_hyperparameters(ignore=["encoder_state"], logger=False)
-        self.model = SequenceClassifier(EncoderConfig(**encoder), num_labels, dropout, pooling)
+        c = EncoderConfig(**encoder)
+        self.model = TokenClassifier(c, num_labels, dropout) if token_level else SequenceClassifier(c, num_labels,
+                                                                                                   dropout, pooling)
         if encoder_state is not None:
             self.model.bert.load_state_dict(encoder_state)
-        self.test_acc = MulticlassAccuracy(num_classes=num_labels, average="micro")
 
     def forward(self, batch):
+        """Logits: ``(batch, labels)``, or ``(batch, seq, labels)`` for token classification."""
         return self.model(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
 
     def training_step(self, batch, batch_idx):
-        loss = F.cross_entropy(self(batch), batch["labels"])
+        logits = self(batch)
+        loss = F.cross_entropy(logits.flatten(0, -2), batch["labels"].flatten(), ignore_index=-100)
         self.log("finetune/loss", loss)
         return loss
-
-    def test_step(self, batch, batch_idx):
-        self.test_acc.update(self(batch).argmax(-1), batch["labels"])
-        self.log("test/acc", self.test_acc, on_epoch=True)
 
     def configure_optimizers(self):
         h = self.hparams

@@ -219,3 +219,17 @@ class SequenceClassifier(nn.Module):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
         return self.head(self.bert(input_ids, attention_mask, token_type_ids), attention_mask)
+
+
+class TokenClassifier(nn.Module):
+    """Encoder -> dropout -> a label per token (NER)."""
+
+    def __init__(self, c: EncoderConfig, num_labels: int, dropout: float = 0.1):
+        super().__init__()
+        self.bert = Encoder(c)
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(c.hidden_size, num_labels)
+        init_weights(self, c.initializer_range)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
+        return self.classifier(self.dropout(self.bert(input_ids, attention_mask, token_type_ids)))

@@ -1,0 +1,260 @@
+"""The downstream task registry (local files in ../shared/data's formats), metrics, windowing and the fine-tuning
+protocol (lr grid chosen on validation, test reported where labelled, mean/std/CI over seeds)."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import SHARED
+
+import mlmlab.downstream as downstream
+from mlmlab.config import ConfigError, validate
+from mlmlab.data.tasks import TASKS, read_jsonl
+from mlmlab.downstream import classification_metrics, entity_f1, mean_ci95, windows
+from mlmlab.train import train
+
+LOCAL = sorted(n for n, t in TASKS.items() if t.local is not None)
+WORDS = "good bad film plot actor great awful movie story scene".split()
+
+
+def fixture_record(spec, i: int) -> dict:
+    words = [WORDS[(i * 3 + k) % len(WORDS)] for k in range(3 + i % 4)]
+    if spec.kind == "token":
+        return {spec.columns[0]: words, spec.label_column: ["B-PER" if k == 0 else "O" for k in range(len(words))]}
+    labels = spec.labels or (0, 1)
+    r = {c: " ".join(words) + f" {c}" for c in spec.columns}
+    r[spec.label_column] = labels[i % len(labels)]
+    return r
+
+
+def write_task(root: Path, spec, n: int = 24, splits=None) -> None:
+    folder = root / spec.local
+    folder.mkdir(parents=True, exist_ok=True)
+    for split in splits or spec.splits:
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(fixture_record(spec, i)) + "\n" for i in range(n)))
+
+
+@pytest.mark.parametrize("name", LOCAL)
+def test_every_local_task_loads_from_fixtures(name, cfg_factory, tmp_path):
+    spec = TASKS[name]
+    write_task(tmp_path, spec)
+    cfg = cfg_factory(f"paths.data_dir={tmp_path}", f"downstream.tasks=[{name}]")
+    validate(cfg)
+    data = spec.load(cfg)
+    assert set(data) == {"label_names", *spec.splits} and all(len(data[s]) == 24 for s in spec.splits)
+    rec = data["train"][0]
+    if spec.kind == "token":
+        assert data["label_names"] == ["B-PER", "O"] and rec["tags"][0] == 0 and len(rec["tags"]) == len(rec["tokens"])
+    else:
+        assert 0 <= rec["label"] < len(data["label_names"]) and rec["text"]
+        assert ("text_b" in rec) == (spec.kind == "pair")
+
+
+SHARED_COUNTS = {"sst2": {"train": 67349, "validation": 872}, "rte": {"train": 2490, "validation": 277},
+                 "imdb": {"train": 10000, "test": 5000},
+                 "chnsenticorp": {"train": 6212, "validation": 776, "test": 777},
+                 "financial_phrasebank": {"train": 3868, "validation": 483, "test": 485},
+                 "medical": {"train": 2125, "validation": 265, "test": 267},
+                 "conll2003": {"train": 14041, "validation": 3250, "test": 3453}}
+
+
+@pytest.mark.parametrize("name", sorted(SHARED_COUNTS))
+def test_shared_data_tasks_load(name, cfg_factory):
+    spec = TASKS[name]
+    if not (SHARED / spec.local).is_dir():
+        pytest.skip(f"{SHARED / spec.local} is not here")
+    data = spec.load(cfg_factory(f"paths.data_dir={SHARED}"))
+    for split, n in SHARED_COUNTS[name].items():
+        assert len(data[split]) == n, split
+    if name == "conll2003":
+        assert len(data["label_names"]) == 9 and "O" in data["label_names"]
+    if name == "financial_phrasebank":
+        assert data["label_names"] == ["negative", "neutral", "positive"]
+    if name == "medical":
+        assert len(data["label_names"]) == 5
+
+
+def test_classification_metrics_by_hand():
+    target = torch.tensor([1, 1, 1, 0, 0, 0, 1, 0])
+    preds = torch.tensor([1, 1, 0, 0, 0, 1, 1, 1])
+    m = classification_metrics(preds, target, 2, ("acc", "f1", "mcc"))
+    # tp=3 fn=1 tn=2 fp=2: acc 5/8, F1 = 2*3 / (2*3 + 1 + 2) = 6/9, MCC = (3*2 - 2*1) / sqrt(5*4*4*3) = 4/sqrt(240)
+    assert m["acc"] == pytest.approx(5 / 8) and m["f1"] == pytest.approx(6 / 9)
+    assert m["mcc"] == pytest.approx(4 / math.sqrt(240))
+    three = classification_metrics(torch.tensor([0, 1, 2, 2]), torch.tensor([0, 1, 1, 2]), 3, ("f1",))
+    assert three["f1"] == pytest.approx((1 + 2 / 3 + 2 / 3) / 3)  # macro: per-class F1 1, 2/3, 2/3
+
+
+def test_entity_f1_on_a_known_case():
+    true = [["B-PER", "I-PER", "O", "B-LOC"], ["B-ORG", "O"]]
+    pred = [["B-PER", "I-PER", "O", "B-ORG"], ["B-ORG", "O"]]  # 2 of 3 entities right, 3 predicted
+    m = entity_f1(true, pred)
+    assert m["precision"] == pytest.approx(2 / 3) and m["recall"] == pytest.approx(2 / 3)
+    assert m["entity_f1"] == pytest.approx(2 / 3)
+    half = entity_f1([["B-PER", "I-PER"]], [["B-PER", "O"]])  # a truncated span is a wrong entity
+    assert half["entity_f1"] == 0.0
+
+
+def test_mean_ci95_uses_the_t_distribution():
+    mean, std, ci = mean_ci95([0.7, 0.8, 0.9])
+    assert mean == pytest.approx(0.8) and std == pytest.approx(0.1)
+    assert ci == pytest.approx(4.302653 * 0.1 / math.sqrt(3), rel=1e-5)  # t(0.975, df=2) = 4.3027
+    assert mean_ci95([0.5]) == (0.5, 0.0, None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 400), body=st.integers(4, 64), stride=st.integers(0, 60))
+def test_windows_cover_every_token(n, body, stride):
+    stride = min(stride, body - 1)
+    spans = windows(n, body, stride)
+    covered = torch.zeros(n, dtype=torch.long)
+    for s, t in spans:
+        assert 0 <= s < t <= n and t - s <= body
+        covered[s:t] += 1
+    assert bool((covered >= 1).all()) and spans[-1][1] == n
+    for (s1, t1), (s2, _) in zip(spans, spans[1:]):
+        assert s2 > s1 and s2 <= t1  # consecutive, no gap
+
+
+class _Tok:
+    """A word-level stand-in for a tokenizers.Tokenizer: one id per character pair, word ids from words."""
+
+    class Enc:
+        def __init__(self, ids, word_ids):
+            self.ids, self.word_ids = ids, word_ids
+
+    def encode_batch(self, texts, is_pretokenized=False, add_special_tokens=False):
+        out = []
+        for t in texts:
+            words = t if is_pretokenized else t.split()
+            ids, wids = [], []
+            for w, word in enumerate(words):
+                pieces = max(1, (len(word) + 1) // 2) if word else 0
+                ids += [10 + (hash(word) + k) % 50 for k in range(pieces)]
+                wids += [w] * pieces
+            out.append(self.Enc(ids, wids))
+        return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(lens=st.lists(st.integers(0, 9), min_size=1, max_size=60), max_len=st.integers(8, 24), stride=st.integers(0, 5))
+def test_ner_windows_predict_every_word_exactly_once(lens, max_len, stride):
+    words = ["x" * n for n in lens]
+    ex = [{"tokens": words, "tags": [i % 3 for i in range(len(words))]}]
+    items, index = downstream.encode_tokens(_Tok(), ex, max_len, stride)
+    at = index[0]["at"]
+    assert len(at) == len(words)
+    for w, a in enumerate(at):
+        if lens[w] == 0:
+            assert a is None  # a word with no token: predicted as "O" (counted in the metric)
+            continue
+        item, pos = a
+        assert items[item]["labels"][pos] == ex[0]["tags"][w]  # its first sub-token carries its tag there
+        assert len(items[item]["input_ids"]) <= max_len
+    labelled = sum(sum(1 for x in it["labels"] if x != -100) for it in items)
+    assert labelled >= sum(1 for n in lens if n)  # overlaps may label a word in several windows; it is read once
+
+
+def test_long_texts_become_windows_averaged_back():
+    ex = [{"text": " ".join(["abcd"] * 50), "label": 1}, {"text": "ab", "label": 0}]
+    items = downstream.encode_examples(_Tok(), ex, max_seq_len=16, stride=4)
+    docs = [it["doc"] for it in items]
+    assert docs.count(0) > 1 and docs.count(1) == 1 and all(len(it["input_ids"]) <= 16 for it in items)
+
+
+def test_lr_grid_is_chosen_on_validation_and_reported_on_test(cfg_factory, tmp_path, monkeypatch):
+    spec = TASKS["chnsenticorp"]
+    write_task(tmp_path, spec)
+    # validation prefers lr 1e-4, test would prefer 3e-4: the protocol must report test at 1e-4
+    scores = {1e-4: (0.8, 0.6), 3e-4: (0.7, 0.9)}
+
+    def fake(cfg, spec, enc, state, names, splits, lr, seed, kw):
+        assert set(splits) == {"train", "validation", "test"}
+        v, t = scores[lr]
+        return {"validation": {"acc": v + seed / 100}, "test": {"acc": t + seed / 100}}
+
+    monkeypatch.setattr(downstream, "finetune_one", fake)
+    cfg = cfg_factory(f"paths.data_dir={tmp_path}", "downstream.tasks=[chnsenticorp]", "downstream.seeds=[0,1,2]",
+                      "downstream.finetune.lr=[1e-4,3e-4]")
+    metrics, report = downstream.run_downstream(cfg, _Tok(), {}, {}, {})
+    assert report["chnsenticorp"]["best_lr"] == 1e-4 and report["chnsenticorp"]["reported_split"] == "test"
+    assert metrics["downstream/chnsenticorp/acc"] == pytest.approx(0.61)
+    assert metrics["downstream/chnsenticorp/seed_2/acc"] == pytest.approx(0.62)
+    assert metrics["downstream/chnsenticorp/acc_ci95"] == pytest.approx(4.302653 * 0.01 / math.sqrt(3), rel=1e-4)
+
+
+def test_without_labelled_test_the_validation_score_is_reported_as_such(cfg_factory, tmp_path, monkeypatch):
+    write_task(tmp_path, TASKS["rte"])
+    monkeypatch.setattr(downstream, "finetune_one",
+                        lambda *a: {"validation": {"acc": 0.5}})
+    cfg = cfg_factory(f"paths.data_dir={tmp_path}", "downstream.tasks=[rte]")
+    metrics, report = downstream.run_downstream(cfg, _Tok(), {}, {}, {})
+    assert report["rte"]["reported_split"] == "validation" and metrics["downstream/rte/acc"] == 0.5
+
+
+QUICK = ["trainer.max_steps=5", "trainer.val_check_interval=5", "logger=none", "callbacks.checkpoint=false"]
+
+
+def test_real_task_formats_end_to_end(cfg_factory, tmp_path):
+    """A pair task, an NER task and a long-text task from local files, through a real (tiny) job; lr grid + early
+    stopping on validation."""
+    for name in ("rte", "conll2003", "imdb"):
+        write_task(tmp_path, TASKS[name], n=40)
+    out = tmp_path / "run"
+    m = train(cfg_factory(f"paths.data_dir={tmp_path}", "downstream.tasks=[rte,conll2003,imdb]", *QUICK,
+                          "downstream.seeds=[0,1]", "downstream.finetune.lr=[1e-4,1e-3]", "downstream.finetune.epochs=2",
+                          "downstream.finetune.early_stopping_patience=1", "downstream.finetune.max_seq_len=8",
+                          "downstream.finetune.stride=2", output_dir=out))
+    for key in ("rte/acc", "conll2003/entity_f1", "conll2003/precision", "imdb/acc"):
+        assert 0.0 <= m[f"downstream/{key}"] <= 1.0, key
+        assert f"downstream/{key}_ci95" in m
+    rec = json.loads((out / "results.json").read_text())["downstream"]
+    assert rec["rte"]["reported_split"] == "validation" and rec["conll2003"]["reported_split"] == "test"
+    assert rec["imdb"]["validation_from_train"] and set(rec["imdb"]["grid"]) == {"0.0001", "0.001"}
+
+
+def test_bad_task_data_is_reported_before_training(cfg_factory, tmp_path):
+    spec = TASKS["chnsenticorp"]
+    write_task(tmp_path, spec)
+    folder = tmp_path / spec.local
+    cfg = cfg_factory(f"paths.data_dir={tmp_path}", "downstream.tasks=[chnsenticorp]")
+
+    def load():
+        TASKS["chnsenticorp"]._load(cfg)
+
+    (folder / "validation.jsonl").write_text(json.dumps({"text": "x", "label": 7}) + "\n")
+    with pytest.raises(ConfigError, match="label 7, which is not in the train split's label set"):
+        load()
+    (folder / "validation.jsonl").write_text(json.dumps({"review": "x", "label": 0}) + "\n")
+    with pytest.raises(ConfigError, match=r"lacks column\(s\) \['text'\]"):
+        load()
+    (folder / "validation.jsonl").write_text("")
+    with pytest.raises(ConfigError, match="the validation split is empty"):
+        load()
+    (folder / "validation.jsonl").write_bytes(b'{"text": "ok", "label": 0}\n{"text": "\xff\xfe", "label": 1}\n')
+    with pytest.raises(ConfigError, match=r"validation.jsonl, line 2: not valid UTF-8"):
+        read_jsonl(folder / "validation.jsonl")
+    write_task(tmp_path, spec)
+    (folder / "train.jsonl").write_text("".join(json.dumps({"text": "x", "label": 1}) + "\n" for _ in range(5)))
+    with pytest.raises(ConfigError, match="single label"):
+        load()
+    (folder / "test.jsonl").unlink()
+    with pytest.raises(ConfigError, match="test.jsonl not found"):
+        validate(cfg)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("downstream.finetune.lr=[]", "must be a learning rate > 0 or a non-empty list"),
+    ("downstream.finetune.lr=-1", "must be a learning rate > 0"),
+    ("downstream.finetune.stride=100", "downstream.finetune.stride=100 must be in"),
+    ("downstream.seeds=[1,1]", "has duplicates"),
+    ("downstream.finetune.early_stopping_patience=0", "must be >= 1 or null"),
+])
+def test_bad_protocol_values(override, message, cfg_factory):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+        validate(cfg_factory(override))
