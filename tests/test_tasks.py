@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import SHARED
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from conftest import SHARED
 
 import mlmlab.downstream as downstream
 from mlmlab.config import ConfigError, validate
