@@ -236,8 +236,23 @@ class TrainConfig:
     paths: PathsConfig = field(default_factory=PathsConfig)
 
 
+@dataclass
+class FinetuneJobConfig:
+    """``python -m mlmlab.finetune``: fine-tune an existing pretraining checkpoint (an explicit path)."""
+
+    checkpoint: str = MISSING  # <run dir>/checkpoints/last.ckpt of a pretraining job
+    task: str | None = None  # shorthand for downstream.tasks=[<task>]
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)  # replaced by the checkpoint's (built-in tasks read it)
+    downstream: DownstreamConfig = field(default_factory=DownstreamConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+
+
 def register_configs() -> None:
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    ConfigStore.instance().store(name="finetune_schema", node=FinetuneJobConfig)
     if not OmegaConf.has_resolver("data_file"):
         OmegaConf.register_new_resolver("data_file", _data_file)
 
@@ -353,10 +368,43 @@ def validate_objective(o: DictConfig, model: DictConfig) -> None:
            "allowed: a generator_size that keeps the head size >= 8")
 
 
+def validate_downstream(cfg: DictConfig, objective: str, max_positions: int) -> None:
+    """``downstream.*`` (shared by pretraining jobs and ``mlmlab.finetune``): tasks known and loadable, protocol values."""
+    from mlmlab.data.tasks import TASKS
+
+    ds = cfg.downstream
+    for i, name in enumerate(ds.tasks):
+        _check_choice(f"downstream.tasks[{i}]", name, sorted(TASKS))
+        TASKS[name].check_available(cfg)
+    _check(len(ds.tasks) == 0 or len(ds.seeds) >= 1, "downstream.seeds must list at least one seed when tasks are set")
+    _check_choice("downstream.finetune.pooling", ds.finetune.pooling, POOLINGS)
+    _check(not (objective == "clm" and ds.finetune.pooling == "cls"),
+           "downstream.finetune.pooling=cls with objective=clm: under causal attention the first token sees only "
+           "itself; allowed: auto (= last), last, mean")
+    f = ds.finetune
+    _check(f.epochs >= 1, f"downstream.finetune.epochs={f.epochs} must be >= 1")
+    lrs = list(f.lr) if isinstance(f.lr, ListConfig) else [f.lr]
+    _check(len(lrs) >= 1 and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in lrs),
+           f"downstream.finetune.lr={f.lr} must be a learning rate > 0 or a non-empty list of them (a grid)")
+    _check(0 <= f.stride < f.max_seq_len - 2,
+           f"downstream.finetune.stride={f.stride} must be in [0, downstream.finetune.max_seq_len - 2 = "
+           f"{f.max_seq_len - 2})")
+    _check(f.early_stopping_patience is None or f.early_stopping_patience >= 1,
+           f"downstream.finetune.early_stopping_patience={f.early_stopping_patience} must be >= 1 or null")
+    _check(ds.max_train_examples is None or ds.max_train_examples >= 1,
+           f"downstream.max_train_examples={ds.max_train_examples} must be >= 1 or null")
+    _check(0 < ds.val_fraction < 1, f"downstream.val_fraction={ds.val_fraction} must be in (0, 1)")
+    _check(len(set(ds.seeds)) == len(ds.seeds), f"downstream.seeds={list(ds.seeds)} has duplicates")
+    _check(
+        ds.finetune.max_seq_len <= max_positions,
+        f"downstream.finetune.max_seq_len={ds.finetune.max_seq_len} exceeds the model's {max_positions} positions "
+        "(model.max_position_embeddings)",
+    )
+
+
 def validate(cfg: DictConfig) -> None:
     """Reject bad values with a :class:`ConfigError` naming the key and the allowed values. Does no data work."""
-    from mlmlab.data.tasks import TASKS  # local: keeps config importable without the data stack
-    from mlmlab.data.tokenizer import SPECIAL_TOKENS, WORD_SEGMENTERS
+    from mlmlab.data.tokenizer import SPECIAL_TOKENS, WORD_SEGMENTERS  # local: keeps config importable without data
 
     validate_objective(cfg.objective, cfg.model)
     validate_mask(cfg.mask)
@@ -413,33 +461,7 @@ def validate(cfg: DictConfig) -> None:
         v = b[k]
         _check(v is None or (v > 0 and math.isfinite(v)), f"trainer.budget.{k}={v} must be > 0 or null")
 
-    ds = cfg.downstream
-    for i, name in enumerate(ds.tasks):
-        _check_choice(f"downstream.tasks[{i}]", name, sorted(TASKS))
-        TASKS[name].check_available(cfg)
-    _check(len(ds.tasks) == 0 or len(ds.seeds) >= 1, "downstream.seeds must list at least one seed when tasks are set")
-    _check_choice("downstream.finetune.pooling", ds.finetune.pooling, POOLINGS)
-    _check(not (cfg.objective.name == "clm" and ds.finetune.pooling == "cls"),
-           "downstream.finetune.pooling=cls with objective=clm: under causal attention the first token sees only "
-           "itself; allowed: auto (= last), last, mean")
-    f = ds.finetune
-    _check(f.epochs >= 1, f"downstream.finetune.epochs={f.epochs} must be >= 1")
-    lrs = list(f.lr) if isinstance(f.lr, ListConfig) else [f.lr]
-    _check(len(lrs) >= 1 and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in lrs),
-           f"downstream.finetune.lr={f.lr} must be a learning rate > 0 or a non-empty list of them (a grid)")
-    _check(0 <= f.stride < f.max_seq_len - 2,
-           f"downstream.finetune.stride={f.stride} must be in [0, downstream.finetune.max_seq_len - 2 = "
-           f"{f.max_seq_len - 2})")
-    _check(f.early_stopping_patience is None or f.early_stopping_patience >= 1,
-           f"downstream.finetune.early_stopping_patience={f.early_stopping_patience} must be >= 1 or null")
-    _check(ds.max_train_examples is None or ds.max_train_examples >= 1,
-           f"downstream.max_train_examples={ds.max_train_examples} must be >= 1 or null")
-    _check(0 < ds.val_fraction < 1, f"downstream.val_fraction={ds.val_fraction} must be in (0, 1)")
-    _check(len(set(ds.seeds)) == len(ds.seeds), f"downstream.seeds={list(ds.seeds)} has duplicates")
-    _check(
-        ds.finetune.max_seq_len <= m.max_position_embeddings,
-        f"downstream.finetune.max_seq_len={ds.finetune.max_seq_len} exceeds model.max_position_embeddings={m.max_position_embeddings}",
-    )
+    validate_downstream(cfg, cfg.objective.name, m.max_position_embeddings)
 
     if cfg.logger.wandb is not None:
         _check_choice("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)

@@ -39,15 +39,22 @@ def eval_suffix(rate: float) -> str:
     return f"r{round(rate * 100, 2):g}"
 
 
-def start_wandb(cfg: DictConfig, config: dict, info: dict, out_dir: Path):
+def wandb_group(cfg: DictConfig, info: dict) -> str:
+    w = cfg.logger.wandb
+    return (w.group if w is not None and w.group else
+            "sweep_" + str(info["sweep_dir"]).strip("/").replace("/", "_") if info.get("multirun") else "single")
+
+
+def start_wandb(cfg: DictConfig, config: dict, info: dict, out_dir: Path, job_type: str = "pretrain",
+                group: str | None = None):
     w = cfg.logger.wandb
     if w is None or w.mode == "disabled":
         return None
     import wandb
 
-    group = w.group or ("sweep_" + str(info["sweep_dir"]).strip("/").replace("/", "_") if info.get("multirun") else "single")
+    group = group or wandb_group(cfg, info)
     name = w.name or info.get("override_dirname") or "default"
-    return wandb.init(project=w.project, entity=w.entity, mode=w.mode, group=group, job_type="pretrain", name=name,
+    return wandb.init(project=w.project, entity=w.entity, mode=w.mode, group=group, job_type=job_type, name=name,
                       tags=list(w.tags), config=config, dir=str(out_dir), reinit="create_new",
                       settings=wandb.Settings(console="off", x_disable_stats=True))
 
@@ -60,6 +67,12 @@ def trainer_kwargs(cfg: DictConfig) -> dict:
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Run one job; returns its metrics. Writes ``results.json`` (ok or failed) and finishes W&B whatever happens."""
+    return run_job(cfg, validate, _run)
+
+
+def run_job(cfg: DictConfig, check, body) -> dict[str, float]:
+    """The frame of every job (pretraining, fine-tuning a checkpoint): ``check(cfg)`` before any work, then
+    ``body(cfg, config, info, out_dir, record, state)``; ``results.json`` ok or failed; W&B finished whatever happens."""
     info = hydra_info()
     out_dir = Path(cfg.paths.output_dir).expanduser()
     from mlmlab.results import RunRecord
@@ -68,11 +81,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
     state: dict = {}  # _run puts the W&B run here as soon as it exists
     ok = False
     try:
-        validate(cfg)  # fail fast: nothing below runs on a bad config
+        check(cfg)  # fail fast: nothing below runs on a bad config
         out_dir.mkdir(parents=True, exist_ok=True)
         config = to_container(cfg)
         record.set(config=config)
-        metrics = _run(cfg, config, info, out_dir, record, state)
+        metrics = body(cfg, config, info, out_dir, record, state)
         record.set(status="ok", metrics=metrics)
         record.write()  # before W&B is finished: the local record never depends on W&B
         ok = True
@@ -105,6 +118,7 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     import pytorch_lightning as pl
     from pytorch_lightning.loggers import WandbLogger
 
+    from mlmlab.checkpoint import RunInfo, run_info
     from mlmlab.config import build_schedule
     from mlmlab.data.corpus import get_blocks
     from mlmlab.data.datamodule import PretrainDataModule
@@ -176,6 +190,7 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
         log_every_n_steps=t.log_every_n_steps, gradient_clip_val=t.gradient_clip_val,
         accumulate_grad_batches=t.accumulate_grad_batches, logger=logger, enable_checkpointing=False,
         num_sanity_val_steps=0, default_root_dir=str(out_dir),
+        callbacks=[RunInfo(run_info(config, tok, encoder_cfg, module, wandb_group(cfg, info)))],
     )
     if objective != "none" and trainer.world_size != budget["world_size"]:
         b = cfg.trainer.budget
@@ -195,6 +210,7 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
         metrics["budget/tokens"], metrics["budget/flops"] = float(budget["tokens"]), float(budget["flops"])
         if cfg.callbacks.checkpoint:
             trainer.save_checkpoint(out_dir / "checkpoints" / "last.ckpt")
+            record.set(checkpoint=str(out_dir / "checkpoints" / "last.ckpt"))
     with record.timer("eval"):
         (val_metrics,) = trainer.validate(module, datamodule=dm, verbose=False)
     metrics.update({k: float(v) for k, v in val_metrics.items()})

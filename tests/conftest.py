@@ -53,8 +53,8 @@ def cfg_factory(tmp_path, cache_dir):
     return factory
 
 
-def run_cli(args: list[str], cache: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``python -m mlmlab.train <args>`` in a subprocess, offline, with the session's cache."""
+def run_cli(args: list[str], cache: Path, timeout: int = 600, module: str = "mlmlab.train") -> subprocess.CompletedProcess:
+    """``python -m <module> <args>`` in a subprocess, offline, with the session's cache."""
     env = {**os.environ, "MLMLAB_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "1"}
-    return subprocess.run([sys.executable, "-m", "mlmlab.train", *args], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)

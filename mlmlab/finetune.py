@@ -1,0 +1,72 @@
+"""Hydra entry point: ``python -m mlmlab.finetune checkpoint=<path> task=sst2 [downstream.* overrides] [-m]``.
+
+Fine-tunes the encoder of an existing pretraining checkpoint (an explicit path, never "the newest file") with the same
+task code and protocol as a pretraining job's downstream phase, and writes ``results.json`` + a W&B run with
+``job_type=finetune`` in the pretraining run's group.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from mlmlab.config import ConfigError, validate_downstream
+from mlmlab.train import run_job, start_wandb, trainer_kwargs
+
+log = logging.getLogger(__name__)
+
+
+def prepare(cfg: DictConfig) -> dict:
+    """Read the checkpoint, put its data settings and the task into ``cfg``, validate; returns the checkpoint info."""
+    from mlmlab.checkpoint import checkpoint_tokenizer, load_checkpoint
+
+    info, _ = load_checkpoint(cfg.checkpoint)
+    checkpoint_tokenizer(info)
+    with open_dict(cfg):
+        cfg.data = OmegaConf.merge(cfg.data, info["config"]["data"])
+        if cfg.task is not None:
+            cfg.downstream.tasks = [cfg.task]
+    if not cfg.downstream.tasks:
+        raise ConfigError("no task to fine-tune on: give task=<name> or downstream.tasks=[...]")
+    validate_downstream(cfg, info["objective"], info["encoder_config"]["max_position_embeddings"])
+    return info
+
+
+def finetune(cfg: DictConfig) -> dict[str, float]:
+    """Run one fine-tuning job; returns its metrics (``downstream/...``)."""
+    return run_job(cfg, prepare, _body)
+
+
+def _body(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state: dict) -> dict[str, float]:
+    from mlmlab.checkpoint import checkpoint_tokenizer, encoder_state, load_checkpoint
+    from mlmlab.data.tasks import TASKS
+    from mlmlab.downstream import run_downstream
+
+    ckpt_info, state_dict = load_checkpoint(cfg.checkpoint)
+    tok = checkpoint_tokenizer(ckpt_info)
+    encoder_cfg, enc_state = ckpt_info["encoder_config"], encoder_state(ckpt_info, state_dict)
+    record.set(checkpoint={"path": str(Path(cfg.checkpoint).expanduser().resolve()),
+                           "objective": ckpt_info["objective"], "encoder_key": ckpt_info["encoder_key"],
+                           "pretrain_config": ckpt_info["config"]})
+    with record.timer("data"):
+        for name in cfg.downstream.tasks:
+            TASKS[name].load(cfg)
+    state["run"] = start_wandb(cfg, config, info, out_dir, job_type="finetune", group=ckpt_info.get("wandb_group"))
+    with record.timer("finetune"):
+        metrics, report = run_downstream(cfg, tok, encoder_cfg, enc_state,
+                                         {**trainer_kwargs(cfg), "devices": 1, "enable_progress_bar": False})
+    record.set(downstream=report)
+    log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})
+    return metrics
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="finetune")
+def main(cfg: DictConfig) -> float:
+    return finetune(cfg)["downstream/score"]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""``mlmlab.finetune`` on an explicit checkpoint and ``mlmlab.export`` to a Hugging Face directory (round-trip parity)."""
+
+import json
+
+import pytest
+import torch
+from conftest import run_cli
+
+from mlmlab.analysis import read_wandb_offline, wandb_run_dirs
+from mlmlab.checkpoint import checkpoint_tokenizer, encoder_state, load_checkpoint
+from mlmlab.config import ConfigError
+from mlmlab.export import export
+from mlmlab.models.encoder import BertForMLM, Encoder, EncoderConfig
+
+# the downstream settings of debug=fast, spelled out for the finetune entry point (whose defaults are downstream=real)
+FAST_DOWNSTREAM = ["downstream=builtin", "downstream.seeds=[0]", "downstream.builtin_n_train=64",
+                   "downstream.builtin_n_test=64", "downstream.finetune.epochs=1", "downstream.finetune.max_seq_len=48"]
+
+
+def run_module(module: str, args: list[str], cache):
+    return run_cli(args, cache, module=module)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory, cache_dir):
+    runs = {}
+    for obj in ("mlm", "electra"):
+        out = tmp_path_factory.mktemp(f"pre_{obj}")
+        p = run_cli(["debug=fast", f"objective={obj}", f"hydra.run.dir={out}", "logger.wandb.group=pre"], cache_dir)
+        assert p.returncode == 0, p.stderr[-3000:]
+        runs[obj] = out
+    return runs
+
+
+@pytest.mark.parametrize("obj", ["mlm", "electra"])
+def test_finetune_a_checkpoint_reproduces_the_jobs_own_downstream(obj, pretrained, tmp_path, cache_dir):
+    pre = pretrained[obj]
+    out = tmp_path / "ft"
+    p = run_module("mlmlab.finetune", [f"checkpoint={pre}/checkpoints/last.ckpt", *FAST_DOWNSTREAM,
+                                       f"hydra.run.dir={out}"], cache_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    ft = json.loads((out / "results.json").read_text())
+    job = json.loads((pre / "results.json").read_text())
+    assert ft["status"] == "ok" and ft["checkpoint"]["objective"] == obj
+    for k in ("downstream/builtin_sentiment/acc", "downstream/builtin_topic/acc", "downstream/score"):
+        assert ft["metrics"][k] == job["metrics"][k], k  # same encoder, same protocol: the same numbers
+    (w,) = wandb_run_dirs(out)
+    run = read_wandb_offline(w)["run"]
+    assert run["job_type"] == "finetune" and run["group"] == "pre"  # in its pretraining run's group
+
+
+def test_finetune_task_shorthand_and_bad_input(pretrained, tmp_path, cache_dir):
+    ckpt = pretrained["mlm"] / "checkpoints" / "last.ckpt"
+    p = run_module("mlmlab.finetune", [f"checkpoint={ckpt}", "task=nope", f"hydra.run.dir={tmp_path / 'a'}"], cache_dir)
+    assert p.returncode != 0 and "downstream.tasks[0]='nope' is not known" in p.stderr
+    p = run_module("mlmlab.finetune", [f"checkpoint={tmp_path}/missing.ckpt", "task=builtin_topic",
+                                       f"hydra.run.dir={tmp_path / 'b'}"], cache_dir)
+    assert p.returncode != 0 and "missing.ckpt' does not exist" in p.stderr
+    not_ckpt = tmp_path / "x.ckpt"
+    not_ckpt.write_text("hello")
+    with pytest.raises(ConfigError, match="could not be read as a checkpoint"):
+        load_checkpoint(str(not_ckpt))
+    info, _ = load_checkpoint(str(ckpt))
+    info["encoder_config"] = {**info["encoder_config"], "vocab_size": info["encoder_config"]["vocab_size"] + 1}
+    with pytest.raises(ConfigError, match="tokenizer and checkpoint do not match"):
+        checkpoint_tokenizer(info)
+
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_export_round_trip_gives_the_same_logits(pretrained, tmp_path):
+    ckpt = pretrained["mlm"] / "checkpoints" / "last.ckpt"
+    out = export(str(ckpt), str(tmp_path / "hf"))
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(out).eval()
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    info, state = load_checkpoint(str(ckpt))
+    ours = BertForMLM(EncoderConfig(**info["encoder_config"])).eval()
+    ours.load_state_dict({k[len("model."):]: v for k, v in state.items() if k.startswith("model.")})
+    tok = checkpoint_tokenizer(info)
+    text = ["the demaikru sir was trabi depal .", "i plas this kurir"]
+    enc = hf_tok(text, padding=True, return_tensors="pt")
+    assert enc["input_ids"][0].tolist()[: len(tok.encode(text[0]).ids)] == tok.encode(text[0]).ids
+    with torch.no_grad():
+        a = ours(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+        b = hf(**enc).logits
+    keep = enc["attention_mask"].bool()
+    torch.testing.assert_close(a[keep], b[keep], atol=1e-4, rtol=0)
+    assert hf.cls.predictions.decoder.weight.data_ptr() == hf.bert.embeddings.word_embeddings.weight.data_ptr()
+
+
+def test_export_of_an_electra_checkpoint_is_its_discriminator(pretrained, tmp_path):
+    ckpt = pretrained["electra"] / "checkpoints" / "last.ckpt"
+    out = export(str(ckpt), str(tmp_path / "hf"))
+    hf = transformers.AutoModel.from_pretrained(out).eval()
+    info, state = load_checkpoint(str(ckpt))
+    ours = Encoder(EncoderConfig(**info["encoder_config"])).eval()
+    ours.load_state_dict(encoder_state(info, state))
+    ids = torch.randint(5, info["encoder_config"]["vocab_size"], (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf(input_ids=ids).last_hidden_state, atol=1e-4, rtol=0)
+
+
+def test_export_cli_usage(tmp_path):
+    from mlmlab.export import main
+
+    assert main(["checkpoint=x"]) == 2
+    assert main([f"checkpoint={tmp_path}/none.ckpt", f"out={tmp_path}/o"]) == 1
