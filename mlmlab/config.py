@@ -15,7 +15,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-DATA_NAMES = ("builtin", "text_files", "imdb", "wikitext2", "zh", "finance", "medical")  # all but builtin: text files
+DATA_NAMES = ("builtin", "text_files", "imdb", "wikitext2", "zh", "finance", "medical", "finance_mix",
+              "medical_mix")  # all but builtin: text files (one source, or a data.mix of several)
 OBJECTIVES = ("mlm", "electra", "clm", "none")
 ELECTRA_KEYS = ("generator_size", "generator_layers", "disc_weight", "temperature", "sampling")
 SAMPLINGS = ("gumbel", "multinomial")
@@ -37,6 +38,10 @@ class DataConfig:
     # text_files: a .txt file or a directory of .txt files; one document per line or blank-line separated
     path: str | None = None
     val_path: str | None = None  # text_files: held-out documents; default: the last val_fraction of documents
+    # a mixture instead of one path: [{path, val_path (optional), weight}], interleaved with probabilities
+    # proportional to the weights (datasets.interleave_datasets, all sources used up: small ones are repeated)
+    mix: list[dict[str, Any]] = field(default_factory=list)
+    mix_seed: int = 0
     val_fraction: float = 0.02
     doc_sep: str = "line"
     max_seq_len: int = 64
@@ -427,12 +432,25 @@ def validate(cfg: DictConfig) -> None:
         _check(d.n_val_docs >= 1, f"data.n_val_docs={d.n_val_docs} must be >= 1")
         _check(d.n_topics >= 2, f"data.n_topics={d.n_topics} must be >= 2")
     else:
-        _check(d.path is not None, f"data.path is required for data={d.name} (a .txt file or a folder of .txt files)")
         from mlmlab.data.corpus import text_files  # raises ConfigError naming data.path
 
-        text_files(d.path, "data.path")
-        if d.val_path is not None:
-            text_files(d.val_path, "data.val_path")
+        if d.mix:
+            _check(d.path is None, f"set data.path or data.mix, not both (data={d.name})")
+            for i, src in enumerate(d.mix):
+                extra = set(src) - {"path", "val_path", "weight"}
+                _check(not extra and "path" in src, f"data.mix[{i}]={dict(src)}: needs path, optionally val_path and "
+                       f"weight (unknown: {sorted(extra)})")
+                w = src.get("weight", 1.0)
+                _check(isinstance(w, (int, float)) and w > 0, f"data.mix[{i}].weight={w} must be > 0")
+                text_files(src.path, f"data.mix[{i}].path")
+                if src.get("val_path") is not None:
+                    text_files(src.val_path, f"data.mix[{i}].val_path")
+        else:
+            _check(d.path is not None, f"data.path is required for data={d.name} (a .txt file or a folder of .txt "
+                   "files), or data.mix")
+            text_files(d.path, "data.path")
+            if d.val_path is not None:
+                text_files(d.val_path, "data.val_path")
 
     t = cfg.tokenizer
     _check_choice("tokenizer.name", t.name, ("wordpiece",))

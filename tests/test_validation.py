@@ -9,7 +9,7 @@ from conftest import CONF_DIR, SHARED
 from mlmlab.config import ConfigError, validate
 from mlmlab.train import train
 
-DATA_DIR_PRESETS = {f"data={n}" for n in ("imdb", "wikitext2", "zh", "finance", "medical")}
+DATA_DIR_PRESETS = {f"data={n}" for n in ("imdb", "wikitext2", "zh", "finance", "medical", "finance_mix", "medical_mix")}
 
 
 def all_options():

@@ -56,6 +56,11 @@ def corpus_key(d: DictConfig) -> dict:
     if d.name == "builtin":
         return {"name": "builtin", "n_docs": d.n_docs, "n_val_docs": d.n_val_docs, "n_topics": d.n_topics,
                 "corpus_seed": d.corpus_seed, "version": 2}
+    if d.get("mix"):
+        return {"name": d.name, "doc_sep": d.doc_sep, "val_fraction": d.val_fraction, "mix_seed": d.mix_seed, "mix": [
+            {"files": _files_key(s.path, f"data.mix[{i}].path"), "weight": float(s.get("weight", 1.0)),
+             "val_files": _files_key(s.val_path, f"data.mix[{i}].val_path") if s.get("val_path") else None}
+            for i, s in enumerate(d.mix)]}
     key = {"name": d.name, "files": _files_key(d.path, "data.path"), "doc_sep": d.doc_sep}
     if d.val_path is not None:
         key["val_files"] = _files_key(d.val_path, "data.val_path")
@@ -83,13 +88,33 @@ def load_documents(d: DictConfig) -> dict[str, list[str]]:
             "train": builtin.generate_corpus(d.n_docs, seed=d.corpus_seed, n_topics=d.n_topics),
             "validation": builtin.generate_corpus(d.n_val_docs, seed=d.corpus_seed + 10_000, n_topics=d.n_topics),
         }
-    train = _read_docs(d.path, d.doc_sep, "data.path")
-    if d.val_path is not None:
-        return {"train": train, "validation": _read_docs(d.val_path, d.doc_sep, "data.val_path")}
-    n_val = max(1, int(round(len(train) * d.val_fraction)))
+    if d.get("mix"):
+        return _mixture(d)
+    return _source(d.path, d.val_path, d.doc_sep, d.val_fraction, "data")
+
+
+def _source(path: str, val_path: str | None, doc_sep: str, val_fraction: float, key: str) -> dict[str, list[str]]:
+    train = _read_docs(path, doc_sep, f"{key}.path")
+    if val_path is not None:
+        return {"train": train, "validation": _read_docs(val_path, doc_sep, f"{key}.val_path")}
+    n_val = max(1, int(round(len(train) * val_fraction)))
     if len(train) < 2:
-        raise ConfigError(f"data.path={d.path!r} holds {len(train)} document(s); need >= 2 to hold out validation")
+        raise ConfigError(f"{key}.path={path!r} holds {len(train)} document(s); need >= 2 to hold out validation")
     return {"train": train[:-n_val], "validation": train[-n_val:]}
+
+
+def _mixture(d: DictConfig) -> dict[str, list[str]]:
+    """Training documents interleaved from the sources with probabilities proportional to their weights until every
+    source is used up (smaller sources repeat); validation is every source's held-out documents, unmixed."""
+    import datasets
+
+    parts = [_source(s.path, s.get("val_path"), d.doc_sep, d.val_fraction, f"data.mix[{i}]")
+             for i, s in enumerate(d.mix)]
+    weights = [float(s.get("weight", 1.0)) for s in d.mix]
+    probs = [w / sum(weights) for w in weights]
+    mixed = datasets.interleave_datasets([datasets.Dataset.from_dict({"text": p["train"]}) for p in parts],
+                                         probabilities=probs, seed=d.mix_seed, stopping_strategy="all_exhausted")
+    return {"train": mixed["text"], "validation": [doc for p in parts for doc in p["validation"]]}
 
 
 def tokenizer_key(cfg: DictConfig) -> dict:
