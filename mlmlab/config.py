@@ -246,8 +246,7 @@ class FinetuneJobConfig:
     """``python -m mlmlab.finetune``: fine-tune an existing pretraining checkpoint (an explicit path)."""
 
     checkpoint: str = MISSING  # <run dir>/checkpoints/last.ckpt of a pretraining job
-    task: str | None = None  # shorthand for downstream.tasks=[<task>]
-    seed: int = 0
+    task: str | None = None  # shorthand for downstream.tasks=[<task>] (replaces the list)
     data: DataConfig = field(default_factory=DataConfig)  # replaced by the checkpoint's (built-in tasks read it)
     downstream: DownstreamConfig = field(default_factory=DownstreamConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -388,6 +387,9 @@ def validate_downstream(cfg: DictConfig, objective: str, max_positions: int) -> 
            "itself; allowed: auto (= last), last, mean")
     f = ds.finetune
     _check(f.epochs >= 1, f"downstream.finetune.epochs={f.epochs} must be >= 1")
+    _check(f.batch_size >= 1, f"downstream.finetune.batch_size={f.batch_size} must be >= 1")
+    _check(0 <= f.warmup_frac <= 1, f"downstream.finetune.warmup_frac={f.warmup_frac} must be in [0, 1]")
+    _check(0 <= f.dropout < 1, f"downstream.finetune.dropout={f.dropout} must be in [0, 1)")
     lrs = list(f.lr) if isinstance(f.lr, ListConfig) else [f.lr]
     _check(len(lrs) >= 1 and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in lrs),
            f"downstream.finetune.lr={f.lr} must be a learning rate > 0 or a non-empty list of them (a grid)")
@@ -441,7 +443,8 @@ def validate(cfg: DictConfig) -> None:
                 _check(not extra and "path" in src, f"data.mix[{i}]={dict(src)}: needs path, optionally val_path and "
                        f"weight (unknown: {sorted(extra)})")
                 w = src.get("weight", 1.0)
-                _check(isinstance(w, (int, float)) and w > 0, f"data.mix[{i}].weight={w} must be > 0")
+                _check(isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0,
+                       f"data.mix[{i}].weight={w} must be a number > 0")
                 text_files(src.path, f"data.mix[{i}].path")
                 if src.get("val_path") is not None:
                     text_files(src.val_path, f"data.mix[{i}].val_path")

@@ -272,12 +272,19 @@ def run_task(cfg: DictConfig, tok, spec: TaskSpec, encoder_cfg: dict, encoder_st
     ds, f = cfg.downstream, cfg.downstream.finetune
     data = spec.load(cfg)
     lrs = learning_rates(f.lr)
+    selection = len(lrs) > 1 or f.early_stopping_patience is not None
     has_test = "test" in data
-    use_val = len(lrs) > 1 or f.early_stopping_patience is not None or not has_test
-    records = {s: data[s] for s in ("train", "validation", "test") if s in data and (s != "validation" or use_val)}
-    from_train = use_val and "validation" not in data
-    if from_train:
-        records["train"], records["validation"] = hold_out(data["train"], ds.val_fraction)
+    reported = "test" if has_test else "validation"
+    # internally "test" is the reported split and "validation" the selection split (lr grid, early stopping); a task
+    # without labelled test data reports its official validation split, so selection then uses a part of train
+    records = {"train": data["train"], "test": data[reported]}
+    from_train = False
+    if selection:
+        if has_test and "validation" in data:
+            records["validation"] = data["validation"]
+        else:
+            records["train"], records["validation"] = hold_out(data["train"], ds.val_fraction)
+            from_train = True
     if ds.max_train_examples is not None:
         records["train"] = records["train"][: ds.max_train_examples]
     splits = {s: encode_split(tok, spec, r, f) for s, r in records.items()}
@@ -290,21 +297,23 @@ def run_task(cfg: DictConfig, tok, spec: TaskSpec, encoder_cfg: dict, encoder_st
     main = spec.main_metric
     best_lr = lrs[0] if len(lrs) == 1 else max(
         lrs, key=lambda lr: statistics.fmean(r["validation"][main] for r in grid[lr].values()))
-    reported = "test" if has_test else "validation"
     metrics: dict[str, float] = {}
-    names = list(next(iter(grid[best_lr].values()))[reported])
+    names = list(next(iter(grid[best_lr].values()))["test"])
     for m in names:
-        vals = [grid[best_lr][s][reported][m] for s in ds.seeds]
+        vals = [grid[best_lr][s]["test"][m] for s in ds.seeds]
         mean, std, ci = mean_ci95(vals)
         metrics[f"downstream/{spec.name}/{m}"], metrics[f"downstream/{spec.name}/{m}_std"] = mean, std
         if ci is not None:
             metrics[f"downstream/{spec.name}/{m}_ci95"] = ci
         for s, v in zip(ds.seeds, vals):
             metrics[f"downstream/{spec.name}/seed_{s}/{m}"] = v
+    names_of = {"train": "train", "validation": "selection", "test": reported}
     report = {"reported_split": reported, "main_metric": main, "best_lr": best_lr, "lrs": lrs,
-              "validation_from_train": from_train,
-              "n": {s: v["n"] for s, v in splits.items()},
-              "grid": {str(lr): {str(s): r for s, r in by_seed.items()} for lr, by_seed in grid.items()}}
+              "selection_split": None if not selection else ("train (held out)" if from_train else "validation"),
+              "source": data.get("source", "generated"), "label_names": data["label_names"],
+              "n": {names_of[s]: v["n"] for s, v in splits.items()},
+              "grid": {str(lr): {str(s): {names_of[k]: v for k, v in r.items()} for s, r in by_seed.items()}
+                       for lr, by_seed in grid.items()}}
     return metrics, report
 
 

@@ -48,13 +48,15 @@ def _body(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, stat
     ckpt_info, state_dict = load_checkpoint(cfg.checkpoint)
     tok = checkpoint_tokenizer(ckpt_info)
     encoder_cfg, enc_state = ckpt_info["encoder_config"], encoder_state(ckpt_info, state_dict)
-    record.set(checkpoint={"path": str(Path(cfg.checkpoint).expanduser().resolve()),
-                           "objective": ckpt_info["objective"], "encoder_key": ckpt_info["encoder_key"],
-                           "pretrain_config": ckpt_info["config"]})
+    ckpt_path = Path(cfg.checkpoint).expanduser().resolve()
+    record.set(source_checkpoint={"path": str(ckpt_path), "objective": ckpt_info["objective"],
+                                  "encoder_key": ckpt_info["encoder_key"], "pretrain_config": ckpt_info["config"]})
     with record.timer("data"):
         for name in cfg.downstream.tasks:
             TASKS[name].load(cfg)
-    state["run"] = start_wandb(cfg, config, info, out_dir, job_type="finetune", group=ckpt_info.get("wandb_group"))
+    # named after the pretraining run dir, so the fine-tunes of a sweep's checkpoints stay apart in its group
+    state["run"] = start_wandb(cfg, config, info, out_dir, job_type="finetune", group=ckpt_info.get("wandb_group"),
+                               name_prefix=f"ft:{ckpt_path.parent.parent.name}:")
     with record.timer("finetune"):
         metrics, report = run_downstream(cfg, tok, encoder_cfg, enc_state,
                                          {**trainer_kwargs(cfg), "devices": 1, "enable_progress_bar": False})

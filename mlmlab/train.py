@@ -46,14 +46,14 @@ def wandb_group(cfg: DictConfig, info: dict) -> str:
 
 
 def start_wandb(cfg: DictConfig, config: dict, info: dict, out_dir: Path, job_type: str = "pretrain",
-                group: str | None = None):
+                group: str | None = None, name_prefix: str = ""):
     w = cfg.logger.wandb
     if w is None or w.mode == "disabled":
         return None
     import wandb
 
     group = group or wandb_group(cfg, info)
-    name = w.name or info.get("override_dirname") or "default"
+    name = w.name or name_prefix + (info.get("override_dirname") or "default")
     return wandb.init(project=w.project, entity=w.entity, mode=w.mode, group=group, job_type=job_type, name=name,
                       tags=list(w.tags), config=config, dir=str(out_dir), reinit="create_new",
                       settings=wandb.Settings(console="off", x_disable_stats=True))

@@ -41,12 +41,13 @@ def test_finetune_a_checkpoint_reproduces_the_jobs_own_downstream(obj, pretraine
     assert p.returncode == 0, p.stderr[-3000:]
     ft = json.loads((out / "results.json").read_text())
     job = json.loads((pre / "results.json").read_text())
-    assert ft["status"] == "ok" and ft["checkpoint"]["objective"] == obj
+    assert ft["status"] == "ok" and ft["source_checkpoint"]["objective"] == obj
     for k in ("downstream/builtin_sentiment/acc", "downstream/builtin_topic/acc", "downstream/score"):
         assert ft["metrics"][k] == job["metrics"][k], k  # same encoder, same protocol: the same numbers
     (w,) = wandb_run_dirs(out)
     run = read_wandb_offline(w)["run"]
     assert run["job_type"] == "finetune" and run["group"] == "pre"  # in its pretraining run's group
+    assert run["name"].startswith(f"ft:{pre.name}:")
 
 
 def test_finetune_task_shorthand_and_bad_input(pretrained, tmp_path, cache_dir):

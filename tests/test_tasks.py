@@ -45,7 +45,8 @@ def test_every_local_task_loads_from_fixtures(name, cfg_factory, tmp_path):
     cfg = cfg_factory(f"paths.data_dir={tmp_path}", f"downstream.tasks=[{name}]")
     validate(cfg)
     data = spec.load(cfg)
-    assert set(data) == {"label_names", *spec.splits} and all(len(data[s]) == 24 for s in spec.splits)
+    assert set(data) == {"label_names", "source", *spec.splits} and all(len(data[s]) == 24 for s in spec.splits)
+    assert data["source"] == f"local:{tmp_path / spec.local}"
     rec = data["train"][0]
     if spec.kind == "token":
         assert data["label_names"] == ["B-PER", "O"] and rec["tags"][0] == 0 and len(rec["tags"]) == len(rec["tokens"])
@@ -144,19 +145,26 @@ class _Tok:
 @given(lens=st.lists(st.integers(0, 9), min_size=1, max_size=60), max_len=st.integers(8, 24), stride=st.integers(0, 5))
 def test_ner_windows_predict_every_word_exactly_once(lens, max_len, stride):
     words = ["x" * n for n in lens]
-    ex = [{"tokens": words, "tags": [i % 3 for i in range(len(words))]}]
+    ex = [{"tokens": words, "tags": list(range(len(words)))}]  # a unique tag per word: a misplaced read shows
     items, index = downstream.encode_tokens(_Tok(), ex, max_len, stride)
     at = index[0]["at"]
     assert len(at) == len(words)
+    starts, pos0 = {}, 0  # where each word's first sub-token sits in the whole sequence
+    for w, n in enumerate(lens):
+        if n:
+            starts[w] = pos0
+        pos0 += max(1, (n + 1) // 2) if n else 0
+    spans = windows(pos0, max_len - 2, stride)
     for w, a in enumerate(at):
         if lens[w] == 0:
             assert a is None  # a word with no token: predicted as "O" (counted in the metric)
             continue
         item, pos = a
-        assert items[item]["labels"][pos] == ex[0]["tags"][w]  # its first sub-token carries its tag there
+        assert items[item]["labels"][pos] == w  # its first sub-token carries its own tag there
         assert len(items[item]["input_ids"]) <= max_len
-    labelled = sum(sum(1 for x in it["labels"] if x != -100) for it in items)
-    assert labelled >= sum(1 for n in lens if n)  # overlaps may label a word in several windows; it is read once
+        best = max(min(starts[w] - s, t - 1 - starts[w]) for s, t in spans if s <= starts[w] < t)
+        s, t = spans[item]
+        assert min(starts[w] - s, t - 1 - starts[w]) == best  # read from a window where it is most central
 
 
 def test_long_texts_become_windows_averaged_back():
@@ -187,13 +195,25 @@ def test_lr_grid_is_chosen_on_validation_and_reported_on_test(cfg_factory, tmp_p
     assert metrics["downstream/chnsenticorp/acc_ci95"] == pytest.approx(4.302653 * 0.01 / math.sqrt(3), rel=1e-4)
 
 
-def test_without_labelled_test_the_validation_score_is_reported_as_such(cfg_factory, tmp_path, monkeypatch):
-    write_task(tmp_path, TASKS["rte"])
-    monkeypatch.setattr(downstream, "finetune_one",
-                        lambda *a: {"validation": {"acc": 0.5}})
+def test_without_labelled_test_validation_is_reported_and_never_used_for_selection(cfg_factory, tmp_path,
+                                                                                     monkeypatch):
+    write_task(tmp_path, TASKS["rte"], n=40)
+    seen = []
+
+    def fake(cfg, spec, enc, state, names, splits, lr, seed, kw):
+        seen.append({k: v["n"] for k, v in splits.items()})
+        return {k: {"acc": 0.5 + lr} for k in splits if k != "train"}
+
+    monkeypatch.setattr(downstream, "finetune_one", fake)
     cfg = cfg_factory(f"paths.data_dir={tmp_path}", "downstream.tasks=[rte]")
     metrics, report = downstream.run_downstream(cfg, _Tok(), {}, {}, {})
-    assert report["rte"]["reported_split"] == "validation" and metrics["downstream/rte/acc"] == 0.5
+    assert report["rte"]["reported_split"] == "validation" and report["rte"]["selection_split"] is None
+    assert seen[-1] == {"train": 40, "test": 40}  # no selection: the official validation split is only reported
+    cfg = cfg_factory(f"paths.data_dir={tmp_path}", "downstream.tasks=[rte]", "downstream.finetune.lr=[0.1,0.2]")
+    metrics, report = downstream.run_downstream(cfg, _Tok(), {}, {}, {})
+    assert report["rte"]["selection_split"] == "train (held out)" and report["rte"]["best_lr"] == 0.2
+    assert seen[-1] == {"train": 36, "validation": 4, "test": 40}  # selection on a part of train, not on validation
+    assert metrics["downstream/rte/acc"] == pytest.approx(0.7)
 
 
 QUICK = ["trainer.max_steps=5", "trainer.val_check_interval=5", "logger=none", "callbacks.checkpoint=false"]
@@ -213,8 +233,10 @@ def test_real_task_formats_end_to_end(cfg_factory, tmp_path):
         assert 0.0 <= m[f"downstream/{key}"] <= 1.0, key
         assert f"downstream/{key}_ci95" in m
     rec = json.loads((out / "results.json").read_text())["downstream"]
-    assert rec["rte"]["reported_split"] == "validation" and rec["conll2003"]["reported_split"] == "test"
-    assert rec["imdb"]["validation_from_train"] and set(rec["imdb"]["grid"]) == {"0.0001", "0.001"}
+    assert rec["rte"]["reported_split"] == "validation" and rec["rte"]["selection_split"] == "train (held out)"
+    assert rec["conll2003"]["reported_split"] == "test" and rec["conll2003"]["selection_split"] == "validation"
+    assert rec["imdb"]["selection_split"] == "train (held out)" and set(rec["imdb"]["grid"]) == {"0.0001", "0.001"}
+    assert rec["imdb"]["source"] == f"local:{tmp_path / 'imdb/cls'}" and rec["imdb"]["label_names"] == ["neg", "pos"]
 
 
 def test_bad_task_data_is_reported_before_training(cfg_factory, tmp_path):
@@ -227,8 +249,13 @@ def test_bad_task_data_is_reported_before_training(cfg_factory, tmp_path):
         TASKS["chnsenticorp"]._load(cfg)
 
     (folder / "validation.jsonl").write_text(json.dumps({"text": "x", "label": 7}) + "\n")
-    with pytest.raises(ConfigError, match="label 7, which is not in the train split's label set"):
+    with pytest.raises(ConfigError, match=r"label id 7; the task's labels are \['negative', 'positive'\]"):
         load()
+    med = TASKS["medical"]
+    write_task(tmp_path, med)
+    (tmp_path / med.local / "test.jsonl").write_text(json.dumps({"text": "x", "label": "neoplasms"}) + "\n")
+    with pytest.raises(ConfigError, match="label 'neoplasms', which is not in the train split's label set"):
+        med._load(cfg)
     (folder / "validation.jsonl").write_text(json.dumps({"review": "x", "label": 0}) + "\n")
     with pytest.raises(ConfigError, match=r"lacks column\(s\) \['text'\]"):
         load()
@@ -257,3 +284,30 @@ def test_bad_task_data_is_reported_before_training(cfg_factory, tmp_path):
 def test_bad_protocol_values(override, message, cfg_factory):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
         validate(cfg_factory(override))
+
+
+def test_early_stopping_restores_the_best_weights_in_train_mode(monkeypatch):
+    from mlmlab.lit.finetune import FinetuneModule
+
+    enc = {"vocab_size": 64, "hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32,
+           "max_position_embeddings": 32}
+    module = FinetuneModule(enc, 2, 1e-3, 0.0, 0.0, 10).train()
+    scores = iter([0.5, 0.9, 0.7, 0.6])
+    monkeypatch.setattr(downstream, "evaluate", lambda *a: {"acc": next(scores)})
+    cb = downstream.BestOnValidation(TASKS["sst2"], {}, ["a", "b"], 8, patience=2)
+
+    class T:
+        should_stop = False
+
+    weights = []
+    for epoch in range(4):
+        with torch.no_grad():
+            module.model.head.out_proj.weight.fill_(float(epoch))
+        weights.append(epoch)
+        cb.on_train_epoch_end(T, module)
+        if T.should_stop:
+            break
+    assert T.should_stop and epoch == 3 and cb.history == [0.5, 0.9, 0.7, 0.6]
+    cb.on_train_end(T, module)
+    assert bool((module.model.head.out_proj.weight == 1.0).all())  # epoch 1's weights: the best score
+    assert module.training

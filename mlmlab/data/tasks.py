@@ -33,7 +33,9 @@ class TaskSpec:
     label_column: str = "label"
     metrics: tuple[str, ...] = ("acc",)
     main_metric: str = "acc"
-    labels: tuple[str, ...] | None = None  # label names in id order (string labels); None: from the data
+    # label names in id order: a string label maps by name, an int label (GLUE's local files, hub ClassLabel ids)
+    # by position; None: the sorted labels of train (ints numerically)
+    labels: tuple[str, ...] | None = None
     local: str | None = None  # folder under the data dir holding <split>.jsonl
     hub: tuple[str, str | None] | None = None  # datasets.load_dataset(path, name)
     hub_splits: dict[str, str] = field(default_factory=dict)  # our split -> the hub's split name
@@ -79,13 +81,11 @@ class TaskSpec:
             return {**out, "label_names": [str(i) for i in range(n)]}
         self.check_available(cfg)
         folder = self.local_dir(cfg)
-        raw = {}
-        for split in self.splits:
-            if folder is not None and folder.is_dir():
-                raw[split] = read_jsonl(folder / f"{split}.jsonl")
-            else:
-                raw[split] = _hub_split(self, split)
-        return self.convert(raw)
+        local = folder is not None and folder.is_dir()
+        raw = {s: read_jsonl(folder / f"{s}.jsonl") if local else _hub_split(self, s) for s in self.splits}
+        out = self.convert(raw)
+        out["source"] = f"local:{folder}" if local else f"hub:{self.hub[0]}" + (f"/{self.hub[1]}" if self.hub[1] else "")
+        return out
 
     def convert(self, raw: dict[str, list[dict]]) -> dict:
         """Check columns and labels of raw records and turn them into the common form (label ids)."""
@@ -103,19 +103,26 @@ class TaskSpec:
         out: dict = {"label_names": names}
         for split, rows in raw.items():
             out[split] = [self._record(r, index, split, i) for i, r in enumerate(rows)]
+        seen = {t for r in out["train"] for t in (r["tags"] if self.kind == "token" else [r["label"]])}
+        if len(seen) < 2:
+            raise ConfigError(f"task {self.name}: the train split has a single label "
+                              f"{[names[i] for i in seen]}; a classifier needs at least two")
         return out
 
     def _label_set(self, train: list[dict]) -> list[str]:
         if self.labels is not None:
             return list(self.labels)
         values = {v for r in train for v in (r[self.label_column] if self.kind == "token" else [r[self.label_column]])}
-        if len(values) < 2:
-            raise ConfigError(f"task {self.name}: the train split has a single label {sorted(map(str, values))}; "
-                              "a classifier needs at least two")
-        return [str(v) for v in sorted(values)]
+        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+        return [str(v) for v in sorted(values, key=int if ints else str)]
 
     def _record(self, r: dict, index: dict[str, int], split: str, i: int) -> dict:
         def lid(v) -> int:
+            if self.labels is not None and isinstance(v, int) and not isinstance(v, bool):
+                if not 0 <= v < len(self.labels):
+                    raise ConfigError(f"task {self.name}: {split} record {i + 1} has label id {v}; the task's labels "
+                                      f"are {list(self.labels)} (ids 0..{len(self.labels) - 1})")
+                return v
             if str(v) not in index:
                 raise ConfigError(f"task {self.name}: {split} record {i + 1} has label {v!r}, which is not in the "
                                   f"train split's label set {list(index)}")
@@ -149,8 +156,10 @@ def _cfg_key(cfg: DictConfig) -> str:
 
 
 def hold_out(train: list[dict], frac: float) -> tuple[list[dict], list[dict]]:
-    """A fixed validation split from train (seeded shuffle), for tasks without one when lr selection or early
-    stopping needs it. Returns (train, validation)."""
+    """A fixed selection split from train (seeded shuffle) where lr selection or early stopping needs one and the task
+    has none apart from the reported split. Returns (train, held out)."""
+    if len(train) < 2:
+        raise ConfigError(f"a train split of {len(train)} example(s) cannot give up a validation part; need >= 2")
     idx = list(range(len(train)))
     random.Random(0).shuffle(idx)
     n_val = max(1, int(round(frac * len(train))))
@@ -189,8 +198,8 @@ def _hub_split(spec: TaskSpec, split: str) -> list[dict]:
     feats = ds.features.get(spec.label_column)
     names = getattr(feats, "names", None) or getattr(getattr(feats, "feature", None), "names", None)
     rows = ds.to_list()
-    if names:  # ClassLabel ids -> their names, so hub and local records share one label vocabulary
-        for r in rows:
+    if names and spec.kind == "token":  # NER tag ids -> their names, as in the local files (classification keeps the
+        for r in rows:                  # ids: they map by position onto TaskSpec.labels, like the local int labels)
             v = r[spec.label_column]
             r[spec.label_column] = [names[t] for t in v] if isinstance(v, list) else names[v]
     return rows
@@ -209,18 +218,20 @@ def _builtin(name: str) -> TaskSpec:
 GLUE = ("nyu-mll/glue",)
 TASKS: dict[str, TaskSpec] = {name: _builtin(name) for name in builtin.TASK_NAMES}
 TASKS.update({t.name: t for t in [
-    TaskSpec("sst2", "single", ("sentence",), local="sst2", hub=(*GLUE, "sst2"), splits=("train", "validation")),
-    TaskSpec("cola", "single", ("sentence",), metrics=("mcc", "acc"), main_metric="mcc", local="cola",
+    TaskSpec("sst2", "single", ("sentence",), labels=("negative", "positive"), local="sst2", hub=(*GLUE, "sst2"), splits=("train", "validation")),
+    TaskSpec("cola", "single", ("sentence",), metrics=("mcc", "acc"), main_metric="mcc",
+             labels=("unacceptable", "acceptable"), local="cola",
              hub=(*GLUE, "cola"), splits=("train", "validation")),
-    TaskSpec("imdb", "single", ("text",), local="imdb/cls", hub=("stanfordnlp/imdb", None), splits=("train", "test")),
-    TaskSpec("chnsenticorp", "single", ("text",), local="chnsenticorp", hub=("lansinuote/ChnSentiCorp", None)),
+    TaskSpec("imdb", "single", ("text",), labels=("neg", "pos"), local="imdb/cls", hub=("stanfordnlp/imdb", None), splits=("train", "test")),
+    TaskSpec("chnsenticorp", "single", ("text",), labels=("negative", "positive"), local="chnsenticorp", hub=("lansinuote/ChnSentiCorp", None)),
     TaskSpec("financial_phrasebank", "single", ("text",), metrics=("acc", "f1"),
              labels=("negative", "neutral", "positive"), local="financial_phrasebank/cls"),
     TaskSpec("medical", "single", ("text",), metrics=("acc", "f1"), local="medical/cls"),
-    TaskSpec("rte", "pair", ("sentence1", "sentence2"), local="rte", hub=(*GLUE, "rte"), splits=("train", "validation")),
-    TaskSpec("mrpc", "pair", ("sentence1", "sentence2"), metrics=("f1", "acc"), main_metric="f1", local="mrpc",
+    TaskSpec("rte", "pair", ("sentence1", "sentence2"), labels=("entailment", "not_entailment"), local="rte", hub=(*GLUE, "rte"), splits=("train", "validation")),
+    TaskSpec("mrpc", "pair", ("sentence1", "sentence2"), metrics=("f1", "acc"), main_metric="f1",
+             labels=("not_equivalent", "equivalent"), local="mrpc",
              hub=(*GLUE, "mrpc"), splits=("train", "validation")),
-    TaskSpec("qnli", "pair", ("question", "sentence"), local="qnli", hub=(*GLUE, "qnli"), splits=("train", "validation")),
+    TaskSpec("qnli", "pair", ("question", "sentence"), labels=("entailment", "not_entailment"), local="qnli", hub=(*GLUE, "qnli"), splits=("train", "validation")),
     TaskSpec("conll2003", "token", ("tokens",), label_column="ner_tags", metrics=("entity_f1",),
              main_metric="entity_f1", local="conll2003", hub=("eriktks/conll2003", None)),
 ]})
