@@ -259,6 +259,19 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="finetune_schema", node=FinetuneJobConfig)
     if not OmegaConf.has_resolver("data_file"):
         OmegaConf.register_new_resolver("data_file", _data_file)
+    if not OmegaConf.has_resolver("job_subdir"):
+        OmegaConf.register_new_resolver("job_subdir", job_subdir)
+
+
+def job_subdir(num, override_dirname: str, limit: int = 120) -> str:
+    """A sweep job's folder name: ``<num>_<overrides>``, one path segment (``/`` in values becomes ``_``), and, past ``limit`` characters, cut with a hash of the whole so names stay unique and under the file system's
+    255-byte limit."""
+    import hashlib
+
+    name = f"{num}_{override_dirname}".replace("/", "_")
+    if len(name) <= limit:
+        return name
+    return f"{name[:limit - 10]}~{hashlib.sha1(name.encode()).hexdigest()[:8]}"
 
 
 def _data_file(rel: str, *, _root_) -> str:

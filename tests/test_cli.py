@@ -52,3 +52,16 @@ def test_failing_job_does_not_stop_the_sweep(tmp_path, cache_dir):
     assert "mask.rate=1.5 must be in the open interval (0, 1)" in p.stderr
     df = load_runs(sweep, include_failed=True).set_index("config.mask.rate")
     assert df.loc[1.5, "status"] == "failed" and df.loc[0.2, "status"] == "ok"  # ... after running the other job
+
+
+def test_long_and_path_overrides_give_valid_job_dirs(tmp_path, cache_dir):
+    """Job folders are one path segment, and long override lists are cut + hashed instead of crashing the sweep."""
+    sweep = tmp_path / "sweep"
+    long = [f"logger.wandb.tags=[{','.join('t' + str(i) * 12 for i in range(12))}]", "trainer.log_every_n_steps=1",
+            f"paths.cache_dir={cache_dir}", "trainer.val_check_interval=2", "trainer.max_steps=2"]
+    p = run_cli(["debug=fast", "downstream=none", *long, "mask.rate=0.1,0.2", f"hydra.sweep.dir={sweep}", "-m"],
+                cache_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    jobs = sorted(d.name for d in sweep.iterdir() if d.is_dir())
+    assert len(jobs) == 2 and all(len(j) <= 120 and "~" in j for j in jobs) and jobs[0] != jobs[1]
+    assert all((sweep / j / "results.json").exists() for j in jobs)
