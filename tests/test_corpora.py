@@ -49,7 +49,7 @@ def test_mixture_follows_the_weights(cfg_factory, tmp_path):
 
 def test_bad_mixtures_rejected(cfg_factory, tmp_path):
     a = write(tmp_path, "a", "alpha", 10)
-    with pytest.raises(ConfigError, match=r"data.mix\[0\].weight=0 must be > 0"):
+    with pytest.raises(ConfigError, match=r"data.mix\[0\].weight=0 must be a number > 0"):
         validate(cfg_factory("data=text_files", "data.path=null", f"+data.mix=[{{path: '{a}', weight: 0}}]"))
     with pytest.raises(ConfigError, match=r"data.mix\[0\].path='/nope' does not exist"):
         validate(cfg_factory("data=text_files", "data.path=null", "+data.mix=[{path: /nope}]"))
