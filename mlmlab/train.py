@@ -165,6 +165,9 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     objective = cfg.objective.name
     if objective == "clm":
         record.set(masking={"note": "objective=clm does not mask; mask.* is not used"})
+        ignored = [o for o in info.get("overrides") or [] if o.lstrip("+~").startswith("mask")]
+        if ignored:
+            log.warning("objective=clm does not mask: %s change nothing in this job", ", ".join(ignored))
     else:
         report = getattr(sampler, "report", None)
         record.set(masking={"sampler": getattr(sampler, "name", type(sampler).__name__),
