@@ -167,10 +167,9 @@ def mean_ci95(values: list[float]) -> tuple[float, float, float | None]:
 def predict_logits(model, items: list[dict], batch_size: int) -> list[torch.Tensor]:
     was_training = model.training
     model.eval()
-    out = []
+    out, device = [], next(model.parameters()).device
     for i in range(0, len(items), batch_size):
-        b = collate(items[i : i + batch_size])
-        b = {k: v.to(next(model.parameters()).device) for k, v in b.items()}
+        b = {k: v.to(device) for k, v in collate(items[i : i + batch_size]).items()}
         out.extend(model(b).float().cpu())
     model.train(was_training)
     return out

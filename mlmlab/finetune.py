@@ -19,12 +19,13 @@ from mlmlab.train import run_job, start_wandb, trainer_kwargs
 log = logging.getLogger(__name__)
 
 
-def prepare(cfg: DictConfig) -> dict:
-    """Read the checkpoint, put its data settings and the task into ``cfg``, validate; returns the checkpoint info."""
+def prepare(cfg: DictConfig, loaded: dict) -> None:
+    """Read the checkpoint (once: into ``loaded`` for the job body), put its data settings and the task into ``cfg``,
+    validate."""
     from mlmlab.checkpoint import checkpoint_tokenizer, load_checkpoint
 
-    info, _ = load_checkpoint(cfg.checkpoint)
-    checkpoint_tokenizer(info)
+    info, state_dict = load_checkpoint(cfg.checkpoint)
+    loaded.update(info=info, state_dict=state_dict, tokenizer=checkpoint_tokenizer(info))
     with open_dict(cfg):
         cfg.data = OmegaConf.merge(cfg.data, info["config"]["data"])
         if cfg.task is not None:
@@ -32,22 +33,23 @@ def prepare(cfg: DictConfig) -> dict:
     if not cfg.downstream.tasks:
         raise ConfigError("no task to fine-tune on: give task=<name> or downstream.tasks=[...]")
     validate_downstream(cfg, info["objective"], info["encoder_config"]["max_position_embeddings"])
-    return info
 
 
 def finetune(cfg: DictConfig) -> dict[str, float]:
     """Run one fine-tuning job; returns its metrics (``downstream/...``)."""
-    return run_job(cfg, prepare, _body)
+    loaded: dict = {}
+    return run_job(cfg, lambda c: prepare(c, loaded),
+                   lambda *args: _body(*args, loaded=loaded))
 
 
-def _body(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state: dict) -> dict[str, float]:
-    from mlmlab.checkpoint import checkpoint_tokenizer, encoder_state, load_checkpoint
+def _body(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state: dict, *,
+          loaded: dict) -> dict[str, float]:
+    from mlmlab.checkpoint import encoder_state
     from mlmlab.data.tasks import TASKS
     from mlmlab.downstream import run_downstream
 
-    ckpt_info, state_dict = load_checkpoint(cfg.checkpoint)
-    tok = checkpoint_tokenizer(ckpt_info)
-    encoder_cfg, enc_state = ckpt_info["encoder_config"], encoder_state(ckpt_info, state_dict)
+    ckpt_info, tok = loaded["info"], loaded["tokenizer"]
+    encoder_cfg, enc_state = ckpt_info["encoder_config"], encoder_state(ckpt_info, loaded.pop("state_dict"))
     ckpt_path = Path(cfg.checkpoint).expanduser().resolve()
     record.set(source_checkpoint={"path": str(ckpt_path), "objective": ckpt_info["objective"],
                                   "encoder_key": ckpt_info["encoder_key"], "pretrain_config": ckpt_info["config"]})

@@ -71,9 +71,7 @@ def step_flops(cfg, vocab: int, predict_frac: float, candidate_frac: float, toke
         return electra_step_flops(cfg.model, cfg.objective, vocab, b, s, predict_frac, candidate_frac)
     if name == "clm":
         return clm_step_flops(cfg.model, vocab, b, s, token_frac)
-    if name == "mlm":
-        return mlm_step_flops(cfg.model, vocab, b, s, predict_frac)
-    return 0.0  # objective=none: no pretraining
+    return mlm_step_flops(cfg.model, vocab, b, s, predict_frac)  # (objective=none never gets here: no steps)
 
 
 def mean_predict_rate(schedule, mask_cfg, total_steps: int) -> float:

@@ -40,7 +40,7 @@ class TaskSpec:
     hub: tuple[str, str | None] | None = None  # datasets.load_dataset(path, name)
     hub_splits: dict[str, str] = field(default_factory=dict)  # our split -> the hub's split name
     splits: tuple[str, ...] = ("train", "validation", "test")  # labelled splits the task has
-    generate: Callable[[DictConfig], dict[str, list[dict]]] | None = None  # built-in tasks
+    generate: Callable[[DictConfig], dict] | None = None  # built-in tasks: splits + label_names
 
     def check_available(self, cfg: DictConfig) -> None:
         """ConfigError before any work when the task cannot be loaded with this config (no local files, no hub)."""
@@ -61,12 +61,6 @@ class TaskSpec:
         root = data_root(cfg)
         return None if self.local is None or root is None else root / self.local
 
-    def num_labels(self, cfg: DictConfig) -> int:
-        return len(self.label_names(cfg))
-
-    def label_names(self, cfg: DictConfig) -> list[str]:
-        return self.load(cfg)["label_names"]
-
     def load(self, cfg: DictConfig) -> dict:
         """The task's splits (records) and ``label_names``; cached per config for the process."""
         key = (self.name, _cfg_key(cfg))
@@ -75,10 +69,8 @@ class TaskSpec:
         return _CACHE[key]
 
     def _load(self, cfg: DictConfig) -> dict:
-        if self.generate is not None:
-            out = self.generate(cfg)
-            n = builtin.task_num_labels(self.name, cfg.data.n_topics if cfg.data.name == "builtin" else 8)
-            return {**out, "label_names": [str(i) for i in range(n)]}
+        if self.generate is not None:  # the built-in tasks: splits and labels from the generator
+            return self.generate(cfg)
         self.check_available(cfg)
         folder = self.local_dir(cfg)
         local = folder is not None and folder.is_dir()
@@ -206,11 +198,13 @@ def _hub_split(spec: TaskSpec, split: str) -> list[dict]:
 
 
 def _builtin(name: str) -> TaskSpec:
-    def generate(cfg: DictConfig) -> dict[str, list[dict]]:
+    def generate(cfg: DictConfig) -> dict:
         d, ds = cfg.data, cfg.downstream
         n_topics = d.n_topics if d.name == "builtin" else 8
-        return {split: builtin.generate_task(name, split, n, seed=0, n_topics=n_topics)
-                for split, n in (("train", ds.builtin_n_train), ("test", ds.builtin_n_test))}
+        out: dict = {split: builtin.generate_task(name, split, n, seed=0, n_topics=n_topics)
+                     for split, n in (("train", ds.builtin_n_train), ("test", ds.builtin_n_test))}
+        out["label_names"] = [str(i) for i in range(builtin.task_num_labels(name, n_topics))]
+        return out
 
     return TaskSpec(name=name, kind="single", columns=("text",), splits=("train", "test"), generate=generate)
 
