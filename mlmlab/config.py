@@ -15,8 +15,9 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-DATA_NAMES = ("builtin", "text_files", "imdb", "wikitext2", "zh", "finance", "medical", "finance_mix",
-              "medical_mix")  # all but builtin: text files (one source, or a data.mix of several)
+DATA_NAMES = ("builtin", "text_files", "hub", "imdb", "wikitext2", "wikitext103", "zh", "finance", "medical",
+              "finance_mix", "medical_mix")  # all but builtin: text files (one source or a data.mix) or a hub data set
+DATA_SOURCES = ("auto", "local", "hub")
 OBJECTIVES = ("mlm", "electra", "clm", "none")
 ELECTRA_KEYS = ("generator_size", "generator_layers", "disc_weight", "temperature", "sampling")
 SAMPLINGS = ("gumbel", "multinomial")
@@ -50,6 +51,16 @@ class DataConfig:
     n_val_docs: int = 1000
     n_topics: int = 8
     corpus_seed: int = 0
+    # the hub (datasets.load_dataset(hub, hub_name, split=...)): source=auto uses it when data.path is unset or not on
+    # this machine, source=local never, source=hub always
+    source: str = "auto"
+    hub: str | None = None
+    hub_name: str | None = None
+    hub_split: str = "train"
+    hub_val_split: str | None = None  # null: the last val_fraction of hub_split
+    text_column: str = "text"
+    # tokenization: datasets.map(batched=True, num_proc=num_proc), cached by config hash under paths.cache_dir
+    num_proc: int = 1
     # loading
     batch_size: int = 32
     val_batch_size: int = 128
@@ -447,8 +458,12 @@ def validate(cfg: DictConfig) -> None:
         _check(d.n_val_docs >= 1, f"data.n_val_docs={d.n_val_docs} must be >= 1")
         _check(d.n_topics >= 2, f"data.n_topics={d.n_topics} must be >= 2")
     else:
-        from mlmlab.data.corpus import text_files  # raises ConfigError naming data.path
+        from mlmlab.data.corpus import text_files, uses_hub  # raises ConfigError naming data.path
 
+        _check_choice("data.source", d.source, DATA_SOURCES)
+        _check(d.num_proc >= 1, f"data.num_proc={d.num_proc} must be >= 1")
+        if d.source == "hub":
+            _check(bool(d.hub), f"data.source=hub needs data.hub (a hub data set name; data={d.name})")
         if d.mix:
             _check(d.path is None, f"set data.path or data.mix, not both (data={d.name})")
             for i, src in enumerate(d.mix):
@@ -461,9 +476,9 @@ def validate(cfg: DictConfig) -> None:
                 text_files(src.path, f"data.mix[{i}].path")
                 if src.get("val_path") is not None:
                     text_files(src.val_path, f"data.mix[{i}].val_path")
-        else:
+        elif not uses_hub(d):
             _check(d.path is not None, f"data.path is required for data={d.name} (a .txt file or a folder of .txt "
-                   "files), or data.mix")
+                   "files), or data.mix, or data.hub")
             text_files(d.path, "data.path")
             if d.val_path is not None:
                 text_files(d.val_path, "data.val_path")

@@ -27,6 +27,8 @@ def test_every_yaml_composes_and_validates(option, cfg_factory, tmp_path):
         f = tmp_path / "c.txt"
         f.write_text("one document\nanother document\n")
         extra = [f"data.path={f}"]
+    if option == "data=hub":
+        extra = ["data.hub=imdb"]  # composes and validates without touching the hub (loading happens in the job)
     if option in ("mask=domain_vocab", "mask/sampler=domain"):
         extra = ["mask.sampler.word_list=terms.txt"]  # the file is only read when the sampler is built
     if option in DATA_DIR_PRESETS:

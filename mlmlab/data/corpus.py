@@ -13,6 +13,8 @@ never token ids: see :func:`segmented_word_ids`.
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +23,7 @@ from omegaconf import DictConfig
 
 from mlmlab.config import ConfigError
 from mlmlab.data import builtin
-from mlmlab.data.cache import cached_file
+from mlmlab.data.cache import cached_file, config_hash
 from mlmlab.data.tokenizer import (
     CLS,
     PAD,
@@ -32,6 +34,8 @@ from mlmlab.data.tokenizer import (
     segment_words,
     train_wordpiece,
 )
+
+log = logging.getLogger(__name__)
 
 
 def text_files(path: str, key: str = "data.path") -> list[Path]:
@@ -61,6 +65,10 @@ def corpus_key(d: DictConfig) -> dict:
             {"files": _files_key(s.path, f"data.mix[{i}].path"), "weight": float(s.get("weight", 1.0)),
              "val_files": _files_key(s.val_path, f"data.mix[{i}].val_path") if s.get("val_path") else None}
             for i, s in enumerate(d.mix)]}
+    if uses_hub(d):
+        return {"name": d.name, "hub": d.hub, "hub_name": d.get("hub_name"), "hub_split": d.get("hub_split"),
+                "hub_val_split": d.get("hub_val_split"), "text_column": d.get("text_column"),
+                "val_fraction": None if d.get("hub_val_split") else d.val_fraction}
     key = {"name": d.name, "files": _files_key(d.path, "data.path"), "doc_sep": d.doc_sep}
     if d.val_path is not None:
         key["val_files"] = _files_key(d.val_path, "data.val_path")
@@ -69,96 +77,211 @@ def corpus_key(d: DictConfig) -> dict:
     return key
 
 
-def _read_docs(path: str, doc_sep: str, key: str) -> list[str]:
+def _text_dataset(path: str, doc_sep: str, key: str, cache_dir: str | None = None):
+    """The documents of local text files as a memory-mapped Arrow ``datasets.Dataset`` (column ``text``), stripped, empty
+    ones dropped. With ``cache_dir`` the Arrow files live under ``<cache_dir>/hf`` (the project's cache), else in memory."""
     import datasets
 
     files = [str(f) for f in text_files(path, key)]
-    ds = datasets.load_dataset(
-        "text", data_files=files, split="train", sample_by="paragraph" if doc_sep == "blank_line" else "line",
-        keep_in_memory=True,
-    )
-    docs = [t.strip() for t in ds["text"]]
-    return [t for t in docs if t]
+    kw = {"cache_dir": str(Path(cache_dir).expanduser() / "hf")} if cache_dir else {"keep_in_memory": True}
+    ds = datasets.load_dataset("text", data_files=files, split="train",
+                               sample_by="paragraph" if doc_sep == "blank_line" else "line", **kw)
+    return _clean(ds, keep_in_memory=not cache_dir)
 
 
-def load_documents(d: DictConfig) -> dict[str, list[str]]:
-    """``{"train": [...], "validation": [...]}`` documents for the data config."""
+def _clean(ds, keep_in_memory: bool = True):
+    import datasets
+
+    datasets.disable_progress_bars()  # map/filter/save bars of every small step would drown the job's log
+    ds = ds.map(lambda b: {"text": [t.strip() for t in b["text"]]}, batched=True, keep_in_memory=keep_in_memory,
+                desc=None)
+    return ds.filter(lambda b: [bool(t) for t in b["text"]], batched=True, keep_in_memory=keep_in_memory)
+
+
+def _read_docs(path: str, doc_sep: str, key: str) -> list[str]:
+    return list(_text_dataset(path, doc_sep, key)["text"])
+
+
+def load_documents(d: DictConfig, cache_dir: str | None = None) -> dict[str, list[str]]:
+    """``{"train": [...], "validation": [...]}`` documents for the data config, as lists (small corpora, tests)."""
+    return {split: list(ds["text"]) for split, ds in document_datasets(d, cache_dir).items()}
+
+
+def document_datasets(d: DictConfig, cache_dir: str | None = None) -> dict:
+    """``{"train": Dataset, "validation": Dataset}`` (column ``text``): the built-in corpus (in memory), local text files
+    or a mixture of them (memory-mapped Arrow under ``<cache_dir>/hf``), or a hub data set (``data.hub``)."""
+    import datasets
+
     if d.name == "builtin":
         return {
-            "train": builtin.generate_corpus(d.n_docs, seed=d.corpus_seed, n_topics=d.n_topics),
-            "validation": builtin.generate_corpus(d.n_val_docs, seed=d.corpus_seed + 10_000, n_topics=d.n_topics),
+            "train": datasets.Dataset.from_dict(
+                {"text": builtin.generate_corpus(d.n_docs, seed=d.corpus_seed, n_topics=d.n_topics)}),
+            "validation": datasets.Dataset.from_dict(
+                {"text": builtin.generate_corpus(d.n_val_docs, seed=d.corpus_seed + 10_000, n_topics=d.n_topics)}),
         }
     if d.get("mix"):
-        return _mixture(d)
-    return _source(d.path, d.val_path, d.doc_sep, d.val_fraction, "data")
+        return _mixture(d, cache_dir)
+    if uses_hub(d):
+        return _hub_corpus(d, cache_dir)
+    return _source(d.path, d.val_path, d.doc_sep, d.val_fraction, "data", cache_dir)
 
 
-def _source(path: str, val_path: str | None, doc_sep: str, val_fraction: float, key: str) -> dict[str, list[str]]:
-    train = _read_docs(path, doc_sep, f"{key}.path")
+def uses_hub(d: DictConfig) -> bool:
+    """Whether a (non-mixture) corpus comes from the hub: ``data.source=hub``, or ``auto`` with ``data.hub`` set and
+    ``data.path`` unset or not on this machine (a preset's local copy wins where the data dir has it)."""
+    source = d.get("source", "auto")
+    if source == "hub" or (source == "auto" and d.get("hub") and (d.path is None or not Path(d.path).exists())):
+        return True
+    return False
+
+
+def _split(ds, val_fraction: float, key: str, what: str) -> dict:
+    n = len(ds)
+    if n < 2:
+        raise ConfigError(f"{key}={what!r} holds {n} document(s); need >= 2 to hold out validation")
+    n_val = max(1, int(round(n * val_fraction)))
+    return {"train": ds.select(range(n - n_val)), "validation": ds.select(range(n - n_val, n))}
+
+
+def _source(path: str, val_path: str | None, doc_sep: str, val_fraction: float, key: str,
+            cache_dir: str | None = None) -> dict:
+    train = _text_dataset(path, doc_sep, f"{key}.path", cache_dir)
     if val_path is not None:
-        return {"train": train, "validation": _read_docs(val_path, doc_sep, f"{key}.val_path")}
-    n_val = max(1, int(round(len(train) * val_fraction)))
-    if len(train) < 2:
-        raise ConfigError(f"{key}.path={path!r} holds {len(train)} document(s); need >= 2 to hold out validation")
-    return {"train": train[:-n_val], "validation": train[-n_val:]}
+        return {"train": train, "validation": _text_dataset(val_path, doc_sep, f"{key}.val_path", cache_dir)}
+    return _split(train, val_fraction, f"{key}.path", path)
 
 
-def _mixture(d: DictConfig) -> dict[str, list[str]]:
+def _hub_corpus(d: DictConfig, cache_dir: str | None) -> dict:
+    """``datasets.load_dataset(data.hub, data.hub_name, split=...)``: a hub name, or anything else load_dataset takes (a
+    local folder of data files, a loading script). Non-empty values of ``data.text_column`` are the documents."""
+    import datasets
+
+    where = f"data.hub={d.hub!r}" + (f" data.hub_name={d.hub_name!r}" if d.get("hub_name") else "")
+
+    def load(split: str):
+        kw = {"cache_dir": str(Path(cache_dir).expanduser() / "hf")} if cache_dir else {}
+        try:
+            ds = datasets.load_dataset(d.hub, d.get("hub_name"), split=split, **kw)
+        except Exception as e:  # offline, unknown name, unknown split: say what was asked and how to work offline
+            raise ConfigError(f"{where}: could not load split {split!r} ({type(e).__name__}: {e}); for offline work "
+                              "set data.path to local text files (or paths.data_dir for a preset's local copy)") from e
+        col = d.get("text_column", "text")
+        if col not in ds.column_names:
+            raise ConfigError(f"{where} split {split!r} has no column data.text_column={col!r}; it has "
+                              f"{ds.column_names}")
+        ds = ds.select_columns([col])
+        return _clean(ds.rename_column(col, "text") if col != "text" else ds, keep_in_memory=not cache_dir)
+
+    train = load(d.get("hub_split") or "train")
+    if len(train) == 0:
+        raise ConfigError(f"{where} split {d.get('hub_split') or 'train'!r} holds no text")
+    if d.get("hub_val_split"):
+        return {"train": train, "validation": load(d.hub_val_split)}
+    return _split(train, d.val_fraction, "data.hub", d.hub)
+
+
+def _mixture(d: DictConfig, cache_dir: str | None = None) -> dict:
     """Training documents interleaved from the sources with probabilities proportional to their weights until every
     source is used up (smaller sources repeat); validation is every source's held-out documents, unmixed."""
     import datasets
 
-    parts = [_source(s.path, s.get("val_path"), d.doc_sep, d.val_fraction, f"data.mix[{i}]")
+    parts = [_source(s.path, s.get("val_path"), d.doc_sep, d.val_fraction, f"data.mix[{i}]", cache_dir)
              for i, s in enumerate(d.mix)]
     weights = [float(s.get("weight", 1.0)) for s in d.mix]
     probs = [w / sum(weights) for w in weights]
-    mixed = datasets.interleave_datasets([datasets.Dataset.from_dict({"text": p["train"]}) for p in parts],
-                                         probabilities=probs, seed=d.mix_seed, stopping_strategy="all_exhausted")
-    return {"train": mixed["text"], "validation": [doc for p in parts for doc in p["validation"]]}
+    mixed = datasets.interleave_datasets([p["train"] for p in parts], probabilities=probs, seed=d.mix_seed,
+                                         stopping_strategy="all_exhausted")
+    return {"train": mixed, "validation": datasets.concatenate_datasets([p["validation"] for p in parts])}
 
 
 def tokenizer_key(cfg: DictConfig) -> dict:
     """What identifies a trained tokenizer. The word segmenter is left out: it changes word ids, not the vocabulary,
     so runs with and without segmentation share one tokenizer (and the blocks key adds it back)."""
     t = {k: v for k, v in dict(cfg.tokenizer).items() if k != "word_segmenter"}
-    return {"corpus": corpus_key(cfg.data), "tokenizer": t}
+    return {"corpus": corpus_key(cfg.data), "tokenizer": t, "trainer": 2}  # 2: deterministic (train_wordpiece)
+
+
+class _Packer:
+    """Writes documents, in order, into ``[CLS] <body> [SEP]`` blocks of preallocated arrays (numpy or memory-mapped):
+    documents joined by ``[SEP]``, no trailing ``[SEP]``, the last block padded with its ``[SEP]`` right after its last
+    real token. Word ids are made distinct across documents and counted from 0 in each block."""
+
+    def __init__(self, input_ids: np.ndarray, word_ids: np.ndarray, special: np.ndarray):
+        self.x, self.w, self.sp = input_ids, word_ids, special
+        self.body = input_ids.shape[1] - 2
+        self.row, self.word_offset, self.started = 0, 0, False
+        self.buf_ids: list[np.ndarray] = []
+        self.buf_w: list[np.ndarray] = []
+        self.buffered = 0
+
+    @staticmethod
+    def n_blocks(lengths: np.ndarray, body: int) -> int:
+        lengths = lengths[lengths > 0]
+        total = int(lengths.sum()) + max(0, len(lengths) - 1)
+        return -(-total // body)
+
+    def add(self, ids: np.ndarray, words: np.ndarray) -> None:
+        if len(ids) == 0:
+            return
+        if self.started:
+            self._push(np.asarray([SEP], dtype=np.int64), np.asarray([-1], dtype=np.int64))
+        self.started = True
+        w = np.asarray(words, dtype=np.int64)
+        real = w >= 0
+        self._push(np.asarray(ids, dtype=np.int64), np.where(real, w + self.word_offset, -1))
+        self.word_offset += int(w.max()) + 1 if real.any() else 0
+        if self.buffered >= self.body:
+            self._flush(final=False)
+
+    def _push(self, ids: np.ndarray, w: np.ndarray) -> None:
+        self.buf_ids.append(ids)
+        self.buf_w.append(w)
+        self.buffered += len(ids)
+
+    def _flush(self, final: bool) -> None:
+        ids, w = np.concatenate(self.buf_ids), np.concatenate(self.buf_w)
+        n = len(ids) // self.body if not final else -(-len(ids) // self.body)
+        take = min(len(ids), n * self.body)
+        rest_ids, rest_w = ids[take:], w[take:]
+        ids, w = ids[:take], w[:take]
+        pad = n * self.body - take
+        if n:
+            body_ids = np.concatenate([ids, np.full(pad, PAD)]).reshape(n, self.body)
+            body_w = np.concatenate([w, np.full(pad, -1)]).reshape(n, self.body)
+            x = np.concatenate([np.full((n, 1), CLS), body_ids, np.full((n, 1), SEP)], axis=1)
+            if pad:  # move the last block's closing [SEP] right after its last real token
+                x[-1, -1] = PAD
+                x[-1, 1 + self.body - pad] = SEP
+            wid = np.concatenate([np.full((n, 1), -1), body_w, np.full((n, 1), -1)], axis=1)
+            big = np.iinfo(np.int64).max
+            first = np.where(wid >= 0, wid, big).min(axis=1, keepdims=True)
+            wid = np.where(wid >= 0, wid - np.where(first == big, 0, first), -1)
+            rows = slice(self.row, self.row + n)
+            self.x[rows], self.w[rows] = x, wid
+            self.sp[rows] = (x < len(SPECIAL_TOKENS)) & (x != UNK)  # [UNK] is an ordinary token: masked, predicted
+            self.row += n
+        self.buf_ids, self.buf_w, self.buffered = [rest_ids], [rest_w], len(rest_ids)
+
+    def finish(self) -> None:
+        if self.buffered:
+            self._flush(final=True)
+        if self.row != len(self.x):
+            raise AssertionError(f"packed {self.row} blocks into {len(self.x)} rows")
 
 
 def pack(ids: list[list[int]], word_ids: list[list[int | None]], max_seq_len: int) -> dict[str, torch.Tensor]:
-    """Pack tokenized documents into ``[CLS] ... [SEP]`` blocks (the last one padded)."""
-    body = max_seq_len - 2
-    stream, words, offset = [], [], 0
-    for doc_ids, doc_words in zip(ids, word_ids):
-        if not doc_ids:
-            continue
-        stream.append(np.asarray(doc_ids, dtype=np.int64))
-        w = np.asarray([-1 if x is None else x for x in doc_words], dtype=np.int64)
-        words.append(np.where(w >= 0, w + offset, -1))
-        offset += int(w.max()) + 1 if (w >= 0).any() else 0
-        stream.append(np.asarray([SEP], dtype=np.int64))
-        words.append(np.asarray([-1], dtype=np.int64))
-    if not stream:
+    """Pack tokenized documents into ``[CLS] ... [SEP]`` blocks (the last one padded), in memory."""
+    n = _Packer.n_blocks(np.asarray([len(d) for d in ids], dtype=np.int64), max_seq_len - 2)
+    if n == 0:
         raise ConfigError("the corpus produced no tokens")
-    flat, flat_w = np.concatenate(stream[:-1]), np.concatenate(words[:-1])  # no trailing [SEP]
-    n = -(-len(flat) // body)
-    pad = n * body - len(flat)
-    flat = np.concatenate([flat, np.full(pad, PAD)]).reshape(n, body)
-    flat_w = np.concatenate([flat_w, np.full(pad, -1)]).reshape(n, body)
-    input_ids = np.concatenate([np.full((n, 1), CLS), flat, np.full((n, 1), SEP)], axis=1)
-    if pad:  # move the last block's closing [SEP] right after its last real token
-        last = input_ids[-1]
-        last[-1] = PAD
-        last[1 + body - pad] = SEP
-    wid = np.concatenate([np.full((n, 1), -1), flat_w, np.full((n, 1), -1)], axis=1)
-    first = np.where(wid >= 0, wid, np.iinfo(np.int64).max).min(axis=1, keepdims=True)
-    wid = np.where(wid >= 0, wid - np.where(first == np.iinfo(np.int64).max, 0, first), -1)
-    special = input_ids < len(SPECIAL_TOKENS)
-    special &= input_ids != UNK  # [UNK] is an ordinary token: it may be masked and predicted
-    return {
-        "input_ids": torch.from_numpy(input_ids.astype(np.int32)),
-        "special_tokens_mask": torch.from_numpy(special),
-        "word_ids": torch.from_numpy(wid.astype(np.int32)),
-    }
+    x, w = np.zeros((n, max_seq_len), np.int32), np.zeros((n, max_seq_len), np.int32)
+    sp = np.zeros((n, max_seq_len), bool)
+    p = _Packer(x, w, sp)
+    for d, dw in zip(ids, word_ids):
+        p.add(np.asarray(d, dtype=np.int64), np.asarray([-1 if v is None else v for v in dw], dtype=np.int64))
+    p.finish()
+    return {"input_ids": torch.from_numpy(x), "special_tokens_mask": torch.from_numpy(sp),
+            "word_ids": torch.from_numpy(w)}
 
 
 def segmented_word_ids(
@@ -202,34 +325,95 @@ def tokenize(tok, texts: list[str], segmenter: str = "none") -> tuple[list[list[
     return ids, [segmented_word_ids(t, w, e.word_ids, e.offsets) for t, w, e in zip(texts, words, encs)]
 
 
+def _tokenize_batch(batch: dict, tok, segmenter: str) -> dict:
+    ids, words = tokenize(tok, batch["text"], segmenter)
+    return {"ids": ids, "words": [[-1 if v is None else v for v in w] for w in words],
+            "length": [len(i) for i in ids]}
+
+
+def tokenized_corpus(cfg: DictConfig, tok, split: str, docs) -> object:
+    """The token ids and word ids of one split's documents: ``datasets.map(batched=True, num_proc=data.num_proc)``
+    over the Arrow documents, saved under ``<cache_dir>/tokens/<hash>/`` (the hash of corpus, tokenizer, segmenter and
+    split) and memory-mapped from there, so a sweep tokenizes once and changing ``data.max_seq_len`` only re-packs."""
+    import datasets
+
+    segmenter = cfg.tokenizer.word_segmenter
+    key = {**tokenizer_key(cfg), "split": split, "word_segmenter": segmenter, "version": 1}
+
+    def build(tmp: Path) -> None:
+        ds = docs()[split]
+        num_proc = cfg.data.num_proc if cfg.data.num_proc > 1 and len(ds) >= 2 * cfg.data.num_proc else None
+        scratch = tmp.parent / f".map{os.getpid()}"  # map's own Arrow output (shards with num_proc), out of RAM
+        out = ds.map(_tokenize_batch, batched=True, batch_size=1000, num_proc=num_proc, remove_columns=ds.column_names,
+                     fn_kwargs={"tok": tok, "segmenter": segmenter}, cache_file_name=f"{scratch}.arrow",
+                     new_fingerprint=config_hash(key),
+                     features=datasets.Features({"ids": datasets.Sequence(datasets.Value("int32")),
+                                                 "words": datasets.Sequence(datasets.Value("int32")),
+                                                 "length": datasets.Value("int64")}))
+        log.info("tokenized %d %s documents (num_proc=%s)", len(out), split, num_proc or 1)
+        out.save_to_disk(str(tmp))
+        del out
+        for f in tmp.parent.glob(f"{scratch.name}*"):
+            f.unlink()
+
+    return datasets.load_from_disk(str(cached_file(cfg.paths.cache_dir, "tokens", key, "tokens", build)))
+
+
+def pack_dataset(tokens, max_seq_len: int, out_dir: Path) -> None:
+    """Pack a tokenized split (:func:`tokenized_corpus`) into ``.npy`` files under ``out_dir``, streaming over Arrow
+    record batches into memory-mapped arrays: a corpus larger than RAM packs in bounded memory."""
+    out_dir.mkdir(parents=True)
+    n = _Packer.n_blocks(tokens.data.column("length").to_numpy().astype(np.int64), max_seq_len - 2)
+    if n == 0:
+        raise ConfigError("the corpus produced no tokens")
+    arrays = {name: np.lib.format.open_memmap(out_dir / f"{name}.npy", mode="w+", dtype=dtype, shape=(n, max_seq_len))
+              for name, dtype in (("input_ids", np.int32), ("word_ids", np.int32), ("special_tokens_mask", bool))}
+    p = _Packer(arrays["input_ids"], arrays["word_ids"], arrays["special_tokens_mask"])
+    for table in tokens.with_format("arrow").iter(batch_size=10_000):
+        ids_col, w_col = table.column("ids").combine_chunks(), table.column("words").combine_chunks()
+        io, wo = ids_col.offsets.to_numpy(), w_col.offsets.to_numpy()  # absolute offsets into .values
+        flat_ids, flat_w = ids_col.values.to_numpy(), w_col.values.to_numpy()
+        for i in range(len(io) - 1):
+            p.add(flat_ids[io[i] : io[i + 1]], flat_w[wo[i] : wo[i + 1]])
+    p.finish()
+    for a in arrays.values():
+        a.flush()
+
+
+def load_blocks(d: Path) -> dict[str, torch.Tensor]:
+    """Packed blocks as tensors over memory-mapped ``.npy`` files (copy-on-write: pages load on use, nothing is read
+    whole into RAM)."""
+    return {name: torch.from_numpy(np.load(d / f"{name}.npy", mmap_mode="c"))
+            for name in ("input_ids", "special_tokens_mask", "word_ids")}
+
+
 def get_blocks(cfg: DictConfig) -> tuple[object, dict[str, dict[str, torch.Tensor]]]:
     """The tokenizer and the packed blocks of both splits, from the cache when the same config made them before."""
-    docs: dict[str, list[str]] = {}
+    docs: dict = {}
 
-    def lazy_docs() -> dict[str, list[str]]:
+    def lazy_docs() -> dict:
         if not docs:
-            docs.update(load_documents(cfg.data))
+            docs.update(document_datasets(cfg.data, cfg.paths.cache_dir))
         return docs
 
     def build_tok(tmp: Path) -> None:
         t = cfg.tokenizer
-        train_wordpiece(lazy_docs()["train"], t.vocab_size, t.lowercase, t.min_frequency).save(str(tmp))
+        def texts():
+            return (x for batch in lazy_docs()["train"].iter(batch_size=1000) for x in batch["text"])
+
+        train_wordpiece(texts, t.vocab_size, t.lowercase, t.min_frequency).save(str(tmp))
 
     tok = load_tokenizer(cached_file(cfg.paths.cache_dir, "tokenizer", tokenizer_key(cfg), "tokenizer.json", build_tok))
 
     segmenter = cfg.tokenizer.word_segmenter
+    out = {}
+    for split in ("train", "validation"):
+        key = {**tokenizer_key(cfg), "max_seq_len": cfg.data.max_seq_len, "packing": 2, "split": split}
+        if segmenter != "none":
+            key["word_segmenter"] = segmenter
 
-    def build_blocks(tmp: Path) -> None:
-        out = {}
-        for split, texts in lazy_docs().items():
-            out[split] = pack(*tokenize(tok, texts, segmenter), cfg.data.max_seq_len)
-        with open(tmp, "wb") as f:
-            torch.save(out, f)
+        def build(tmp: Path, split=split) -> None:
+            pack_dataset(tokenized_corpus(cfg, tok, split, lazy_docs), cfg.data.max_seq_len, tmp)
 
-    key = {**tokenizer_key(cfg), "max_seq_len": cfg.data.max_seq_len, "packing": 1}
-    if segmenter != "none":  # keeps the keys (and caches) of unsegmented corpora as they were
-        key["word_segmenter"] = segmenter
-    path = cached_file(cfg.paths.cache_dir, "blocks", key, "blocks.pt", build_blocks)
-    return tok, torch.load(path, weights_only=True)
-
-
+        out[split] = load_blocks(cached_file(cfg.paths.cache_dir, "blocks", key, "blocks", build))
+    return tok, out
