@@ -216,6 +216,7 @@ class DownstreamConfig:
     tasks: list[str] = field(default_factory=lambda: ["builtin_sentiment", "builtin_topic"])
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    task_dirs: list[str] = field(default_factory=list)  # folders of <task>.yaml files (your own tasks; see conf/task/)
     max_train_examples: int | None = None  # the first N training examples of each task (quick runs); null: all
     val_fraction: float = 0.1  # held out of train for tasks without a validation split, when one is needed
     # built-in tasks: sizes of the generated splits
@@ -398,12 +399,13 @@ def validate_objective(o: DictConfig, model: DictConfig) -> None:
 
 def validate_downstream(cfg: DictConfig, objective: str, max_positions: int) -> None:
     """``downstream.*`` (shared by pretraining jobs and ``mlmlab.finetune``): tasks known and loadable, protocol values."""
-    from mlmlab.data.tasks import TASKS
+    from mlmlab.data.tasks import task_registry
 
     ds = cfg.downstream
+    tasks = task_registry(cfg)
     for i, name in enumerate(ds.tasks):
-        _check_choice(f"downstream.tasks[{i}]", name, sorted(TASKS))
-        TASKS[name].check_available(cfg)
+        _check_choice(f"downstream.tasks[{i}]", name, sorted(tasks))
+        tasks[name].check_available(cfg)
     _check(len(ds.tasks) == 0 or len(ds.seeds) >= 1, "downstream.seeds must list at least one seed when tasks are set")
     _check_choice("downstream.finetune.pooling", ds.finetune.pooling, POOLINGS)
     _check(not (objective == "clm" and ds.finetune.pooling == "cls"),

@@ -24,7 +24,7 @@ import torch
 from omegaconf import DictConfig, ListConfig
 from torch.utils.data import DataLoader
 
-from mlmlab.data.tasks import TASKS, TaskSpec, hold_out
+from mlmlab.data.tasks import TaskSpec, hold_out, task_registry
 from mlmlab.data.tokenizer import CLS, PAD, SEP
 from mlmlab.lit.finetune import FinetuneModule
 
@@ -321,8 +321,9 @@ def run_downstream(cfg: DictConfig, tok, encoder_cfg: dict, encoder_state: dict,
     metrics: dict[str, float] = {}
     report: dict = {}
     main_scores = []
+    tasks = task_registry(cfg)
     for name in cfg.downstream.tasks:
-        spec = TASKS[name]
+        spec = tasks[name]
         m, report[name] = run_task(cfg, tok, spec, encoder_cfg, encoder_state, trainer_kwargs)
         metrics.update(m)
         main_scores.append(m[f"downstream/{name}/{spec.main_metric}"])

@@ -45,7 +45,7 @@ def finetune(cfg: DictConfig) -> dict[str, float]:
 def _body(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state: dict, *,
           loaded: dict) -> dict[str, float]:
     from mlmlab.checkpoint import encoder_state
-    from mlmlab.data.tasks import TASKS
+    from mlmlab.data.tasks import task_registry
     from mlmlab.downstream import run_downstream
 
     ckpt_info, tok = loaded["info"], loaded["tokenizer"]
@@ -55,7 +55,7 @@ def _body(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, stat
                                   "encoder_key": ckpt_info["encoder_key"], "pretrain_config": ckpt_info["config"]})
     with record.timer("data"):
         for name in cfg.downstream.tasks:
-            TASKS[name].load(cfg)
+            task_registry(cfg)[name].load(cfg)
     # named after the pretraining run dir, so the fine-tunes of a sweep's checkpoints stay apart in its group
     state["run"] = start_wandb(cfg, config, info, out_dir, job_type="finetune", group=ckpt_info.get("wandb_group"),
                                name_prefix=f"ft:{ckpt_path.parent.parent.name}:")

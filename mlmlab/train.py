@@ -122,7 +122,7 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     from mlmlab.config import build_schedule
     from mlmlab.data.corpus import get_blocks
     from mlmlab.data.datamodule import PretrainDataModule
-    from mlmlab.data.tasks import TASKS
+    from mlmlab.data.tasks import task_registry
     from mlmlab.data.tokenizer import MASK, PAD
     from mlmlab.data.vocab_stats import make_sampler_context
     from mlmlab.downstream import run_downstream
@@ -145,7 +145,7 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
                               f"allowed: 1..{n_train}")
         val_blocks = {k: v[: cfg.data.max_val_blocks] for k, v in val_blocks.items()}
         for name in cfg.downstream.tasks:  # load (and check) every task now: a bad file or an unreachable hub fails
-            TASKS[name].load(cfg)          # before pretraining, not after it
+            task_registry(cfg)[name].load(cfg)  # before pretraining, not after it
         ctx = make_sampler_context(cfg, tok, blocks)
         sampler, schedule = build_masking(cfg, ctx, train_blocks), build_schedule(cfg.mask)
         e = cfg.eval  # fixed eval masks: token units, Bernoulli, uniform replacements -- whatever mask.* says

@@ -311,3 +311,47 @@ def test_early_stopping_restores_the_best_weights_in_train_mode(monkeypatch):
     cb.on_train_end(T, module)
     assert bool((module.model.head.out_proj.weight == 1.0).all())  # epoch 1's weights: the best score
     assert module.training
+
+
+def test_a_task_of_your_own_from_a_yaml_file(cfg_factory, tmp_path):
+    """downstream.task_dirs: a folder of <task>.yaml files in conf/task/'s format; the task trains like a built-in one."""
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "my_reviews.yaml").write_text("kind: single\ncolumns: [review]\nlabel_column: stars\nlabels: [low, high]\n"
+                                           "metrics: [f1, acc]\nlocal: reviews\nsplits: [train, test]\n")
+    data = tmp_path / "data" / "reviews"
+    data.mkdir(parents=True)
+    for split in ("train", "test"):
+        (data / f"{split}.jsonl").write_text("".join(
+            json.dumps({"review": f"{WORDS[i % 10]} {WORDS[(i + 3) % 10]}", "stars": ["low", "high"][i % 2]}) + "\n"
+            for i in range(30)))
+    out = tmp_path / "run"
+    m = train(cfg_factory(f"paths.data_dir={tmp_path / 'data'}", f"downstream.task_dirs=[{tasks}]",
+                          "downstream.tasks=[my_reviews]", *QUICK, "downstream.seeds=[0]", output_dir=out))
+    assert 0.0 <= m["downstream/my_reviews/f1"] <= 1.0 and "downstream/my_reviews/acc" in m
+    rec = json.loads((out / "results.json").read_text())["downstream"]["my_reviews"]
+    assert rec["label_names"] == ["low", "high"] and rec["reported_split"] == "test"
+    with pytest.raises(ConfigError, match="downstream.tasks\\[0\\]='my_reviews' is not known"):
+        validate(cfg_factory("downstream.tasks=[my_reviews]"))  # without task_dirs it is not registered
+
+
+@pytest.mark.parametrize("text, message", [
+    ("kind: single\ncolumns: [a]\nlocal: x\ncolour: red\n", r"unknown key\(s\) \['colour'\]"),
+    ("kind: triple\ncolumns: [a]\nlocal: x\n", "kind='triple' is not known; allowed: single, pair, token"),
+    ("kind: pair\ncolumns: [a]\nlocal: x\n", r"kind=pair takes 2 column\(s\)"),
+    ("kind: single\ncolumns: [a]\nmetrics: [acc]\nmain_metric: f1\nlocal: x\n", "main_metric='f1' must be one of"),
+    ("kind: single\ncolumns: [a]\nmetrics: [bleu]\nlocal: x\n", "metric 'bleu' is not known"),
+    ("kind: single\ncolumns: [a]\n", "set local .* or hub"),
+    ("kind: single\ncolumns: [a]\nlocal: x\nsplits: [train]\n", r"splits=\[.train.\] must hold train and at least"),
+    ("columns: [a]\nlocal: x\n", "kind is required"),
+])
+def test_bad_task_files_name_the_file_and_key(text, message, cfg_factory, tmp_path):
+    (tmp_path / "bad.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=f"task file .*bad.yaml: {message}"):
+        validate(cfg_factory(f"downstream.task_dirs=[{tmp_path}]", "downstream.tasks=[bad]"))
+
+
+def test_registered_names_cannot_be_shadowed(cfg_factory, tmp_path):
+    (tmp_path / "sst2.yaml").write_text("kind: single\ncolumns: [a]\nlocal: x\n")
+    with pytest.raises(ConfigError, match="task 'sst2' .* is already registered"):
+        validate(cfg_factory(f"downstream.task_dirs=[{tmp_path}]", "downstream.tasks=[]"))

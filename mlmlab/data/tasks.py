@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from mlmlab.config import ConfigError
 from mlmlab.data import builtin
@@ -209,23 +209,85 @@ def _builtin(name: str) -> TaskSpec:
     return TaskSpec(name=name, kind="single", columns=("text",), splits=("train", "test"), generate=generate)
 
 
-GLUE = ("nyu-mll/glue",)
+TASK_KEYS = ("kind", "columns", "label_column", "labels", "metrics", "main_metric", "local", "hub", "hub_splits",
+             "splits")
+TASK_DIR = Path(__file__).resolve().parents[2] / "conf" / "task"  # the registry: one YAML file per task
+
+
+def spec_from_yaml(path: Path) -> TaskSpec:
+    """A task declared in ``<name>.yaml`` (see conf/task/): ``kind``, ``columns``, ``labels`` (optional), ``metrics``
+    (the first is primary unless ``main_metric``), ``local`` (folder under the data dir), ``hub`` ({path, name}),
+    ``splits`` (labelled splits, default train/validation/test), ``label_column``, ``hub_splits``."""
+    from omegaconf import OmegaConf
+
+    name = path.stem
+    try:
+        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
+    except Exception as e:
+        raise ConfigError(f"task file {path}: not valid YAML ({e})") from e
+
+    def bad(msg: str) -> ConfigError:
+        return ConfigError(f"task file {path}: {msg}")
+
+    unknown = sorted(set(raw) - set(TASK_KEYS))
+    if unknown:
+        raise bad(f"unknown key(s) {unknown}; allowed: {', '.join(TASK_KEYS)}")
+    for key in ("kind", "columns"):
+        if key not in raw:
+            raise bad(f"{key} is required")
+    if raw["kind"] not in KINDS:
+        raise bad(f"kind={raw['kind']!r} is not known; allowed: {', '.join(KINDS)}")
+    columns = tuple(raw["columns"]) if isinstance(raw["columns"], list) else (raw["columns"],)
+    need = {"single": 1, "pair": 2, "token": 1}[raw["kind"]]
+    if len(columns) != need:
+        raise bad(f"kind={raw['kind']} takes {need} column(s) in columns, got {list(columns)}")
+    metrics = tuple(raw.get("metrics") or ("acc",))
+    for m in metrics:
+        if m not in METRICS:
+            raise bad(f"metric {m!r} is not known; allowed: {', '.join(METRICS)}")
+    if (raw["kind"] == "token") != (metrics == ("entity_f1",)):
+        raise bad("token tasks take metrics [entity_f1], and entity_f1 is for token tasks only")
+    main = raw.get("main_metric", metrics[0])
+    if main not in metrics:
+        raise bad(f"main_metric={main!r} must be one of metrics {list(metrics)}")
+    splits = tuple(raw.get("splits") or SPLITS)
+    if "train" not in splits or any(sp not in SPLITS for sp in splits) or len(splits) < 2:
+        raise bad(f"splits={list(splits)} must hold train and at least one of validation, test")
+    hub = raw.get("hub")
+    if hub is not None:
+        if not isinstance(hub, dict) or "path" not in hub or set(hub) - {"path", "name"}:
+            raise bad(f"hub={hub!r} must be {{path: <hub name>, name: <config or omitted>}}")
+        hub = (str(hub["path"]), hub.get("name"))
+    if raw.get("local") is None and hub is None:
+        raise bad("set local (a folder under the data dir) or hub (a hub data set), or both")
+    labels = raw.get("labels")
+    return TaskSpec(name=name, kind=raw["kind"], columns=columns, label_column=raw.get("label_column", "label"),
+                    metrics=metrics, main_metric=main, labels=None if labels is None else tuple(map(str, labels)),
+                    local=raw.get("local"), hub=hub, hub_splits=dict(raw.get("hub_splits") or {}), splits=splits)
+
+
+def load_task_dir(d: Path | str) -> dict[str, TaskSpec]:
+    d = Path(d).expanduser()
+    if not d.is_dir():
+        raise ConfigError(f"downstream.task_dirs: {d} is not a folder (expected a folder of <task>.yaml files)")
+    return {f.stem: spec_from_yaml(f) for f in sorted(d.glob("*.yaml"))}
+
+
 TASKS: dict[str, TaskSpec] = {name: _builtin(name) for name in builtin.TASK_NAMES}
-TASKS.update({t.name: t for t in [
-    TaskSpec("sst2", "single", ("sentence",), labels=("negative", "positive"), local="sst2", hub=(*GLUE, "sst2"), splits=("train", "validation")),
-    TaskSpec("cola", "single", ("sentence",), metrics=("mcc", "acc"), main_metric="mcc",
-             labels=("unacceptable", "acceptable"), local="cola",
-             hub=(*GLUE, "cola"), splits=("train", "validation")),
-    TaskSpec("imdb", "single", ("text",), labels=("neg", "pos"), local="imdb/cls", hub=("stanfordnlp/imdb", None), splits=("train", "test")),
-    TaskSpec("chnsenticorp", "single", ("text",), labels=("negative", "positive"), local="chnsenticorp", hub=("lansinuote/ChnSentiCorp", None)),
-    TaskSpec("financial_phrasebank", "single", ("text",), metrics=("acc", "f1"),
-             labels=("negative", "neutral", "positive"), local="financial_phrasebank/cls"),
-    TaskSpec("medical", "single", ("text",), metrics=("acc", "f1"), local="medical/cls"),
-    TaskSpec("rte", "pair", ("sentence1", "sentence2"), labels=("entailment", "not_entailment"), local="rte", hub=(*GLUE, "rte"), splits=("train", "validation")),
-    TaskSpec("mrpc", "pair", ("sentence1", "sentence2"), metrics=("f1", "acc"), main_metric="f1",
-             labels=("not_equivalent", "equivalent"), local="mrpc",
-             hub=(*GLUE, "mrpc"), splits=("train", "validation")),
-    TaskSpec("qnli", "pair", ("question", "sentence"), labels=("entailment", "not_entailment"), local="qnli", hub=(*GLUE, "qnli"), splits=("train", "validation")),
-    TaskSpec("conll2003", "token", ("tokens",), label_column="ner_tags", metrics=("entity_f1",),
-             main_metric="entity_f1", local="conll2003", hub=("eriktks/conll2003", None)),
-]})
+TASKS.update(load_task_dir(TASK_DIR))
+
+
+def task_registry(cfg: DictConfig) -> dict[str, TaskSpec]:
+    """The built-in and conf/task/ tasks plus those declared in ``downstream.task_dirs`` (a user's own tasks: one
+    ``<name>.yaml`` each, in the format of conf/task/). A user task may not reuse a registered name."""
+    dirs = OmegaConf.select(cfg, "downstream.task_dirs", default=None) or []
+    if not dirs:
+        return TASKS
+    out = dict(TASKS)
+    for d in dirs:
+        for name, spec in load_task_dir(d).items():
+            if name in out:
+                raise ConfigError(f"downstream.task_dirs: task {name!r} in {d} is already registered; "
+                                  "rename the file")
+            out[name] = spec
+    return out
