@@ -217,6 +217,9 @@ class DownstreamConfig:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     task_dirs: list[str] = field(default_factory=list)  # folders of <task>.yaml files (your own tasks; see conf/task/)
+    # one W&B run per fine-tuning (task x lr x seed): job_type=finetune, the pretraining run's group, its loss and
+    # per-epoch validation curve, its scores in the summary (the job's own run always has the aggregates)
+    wandb_runs: bool = False
     max_train_examples: int | None = None  # the first N training examples of each task (quick runs); null: all
     val_fraction: float = 0.1  # held out of train for tasks without a validation split, when one is needed
     # built-in tasks: sizes of the generated splits

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+from collections.abc import Callable
 
 import pytorch_lightning as pl
 import torch
@@ -207,6 +208,9 @@ class BestOnValidation(pl.Callback):
     def on_train_epoch_end(self, trainer, module):
         score = evaluate(module, self.spec, self.split, self.names, self.bs)[self.spec.main_metric]
         self.history.append(score)
+        if trainer.logger:  # the per-epoch selection curve of a per-fine-tuning W&B run
+            trainer.logger.log_metrics({f"finetune/selection_{self.spec.main_metric}": score,
+                                        "finetune/epoch": trainer.current_epoch}, step=trainer.global_step)
         if score > self.best:
             self.best, self.bad = score, 0
             self.best_state = {k: v.detach().clone() for k, v in module.state_dict().items()}
@@ -232,9 +236,24 @@ def encode_split(tok, spec: TaskSpec, records: list[dict], f) -> dict:
 
 
 def finetune_one(cfg: DictConfig, spec: TaskSpec, encoder_cfg: dict, encoder_state: dict, label_names: list[str],
-                 splits: dict, lr: float, seed: int, trainer_kwargs: dict) -> dict[str, dict[str, float]]:
+                 splits: dict, lr: float, seed: int, trainer_kwargs: dict,
+                 run_factory: Callable | None = None, reported: str = "test") -> dict[str, dict[str, float]]:
     """Fine-tune one copy; returns the metrics on each evaluated split (``validation`` if present, ``test`` if
-    present)."""
+    present). ``run_factory(task, lr, seed)``: a W&B run for this fine-tuning (or None)."""
+    run = run_factory(spec.name, lr, seed) if run_factory is not None else None
+    try:
+        out = _finetune_one(cfg, spec, encoder_cfg, encoder_state, label_names, splits, lr, seed, trainer_kwargs, run)
+        if run is not None:
+            names = {"validation": "selection", "test": reported}
+            run.summary.update({f"{names[s]}/{k}": v for s, m in out.items() for k, v in m.items()})
+        return out
+    finally:
+        if run is not None:
+            run.finish()
+
+
+def _finetune_one(cfg: DictConfig, spec: TaskSpec, encoder_cfg: dict, encoder_state: dict, label_names: list[str],
+                  splits: dict, lr: float, seed: int, trainer_kwargs: dict, run) -> dict[str, dict[str, float]]:
     f = cfg.downstream.finetune
     pl.seed_everything(seed, workers=True, verbose=False)
     g = torch.Generator().manual_seed(seed)
@@ -248,8 +267,14 @@ def finetune_one(cfg: DictConfig, spec: TaskSpec, encoder_cfg: dict, encoder_sta
     callbacks = []
     if f.early_stopping_patience is not None and "validation" in splits:
         callbacks.append(BestOnValidation(spec, splits["validation"], label_names, eval_bs, f.early_stopping_patience))
-    trainer = pl.Trainer(max_epochs=f.epochs, logger=False, enable_checkpointing=False, enable_model_summary=False,
-                         num_sanity_val_steps=0, callbacks=callbacks, **trainer_kwargs)
+    logger = False
+    if run is not None:
+        from pytorch_lightning.loggers import WandbLogger
+
+        logger = WandbLogger(experiment=run)
+    trainer = pl.Trainer(max_epochs=f.epochs, logger=logger, enable_checkpointing=False, enable_model_summary=False,
+                         num_sanity_val_steps=0, callbacks=callbacks, log_every_n_steps=max(1, min(10, len(train_dl))),
+                         **trainer_kwargs)
     trainer.fit(module, train_dataloaders=train_dl)
     return {s: evaluate(module, spec, splits[s], label_names, eval_bs) for s in ("validation", "test") if s in splits}
 
@@ -267,7 +292,7 @@ def learning_rates(lr) -> list[float]:
 
 
 def run_task(cfg: DictConfig, tok, spec: TaskSpec, encoder_cfg: dict, encoder_state: dict,
-             trainer_kwargs: dict) -> tuple[dict[str, float], dict]:
+             trainer_kwargs: dict, run_factory: Callable | None = None) -> tuple[dict[str, float], dict]:
     ds, f = cfg.downstream, cfg.downstream.finetune
     data = spec.load(cfg)
     lrs = learning_rates(f.lr)
@@ -291,7 +316,7 @@ def run_task(cfg: DictConfig, tok, spec: TaskSpec, encoder_cfg: dict, encoder_st
     for lr in lrs:
         for seed in ds.seeds:
             grid.setdefault(lr, {})[seed] = finetune_one(cfg, spec, encoder_cfg, encoder_state, data["label_names"],
-                                                         splits, lr, seed, trainer_kwargs)
+                                                         splits, lr, seed, trainer_kwargs, run_factory, reported)
             log.info("downstream %s lr %g seed %s: %s", spec.name, lr, seed, grid[lr][seed])
     main = spec.main_metric
     best_lr = lrs[0] if len(lrs) == 1 else max(
@@ -316,15 +341,15 @@ def run_task(cfg: DictConfig, tok, spec: TaskSpec, encoder_cfg: dict, encoder_st
     return metrics, report
 
 
-def run_downstream(cfg: DictConfig, tok, encoder_cfg: dict, encoder_state: dict,
-                   trainer_kwargs: dict) -> tuple[dict[str, float], dict]:
+def run_downstream(cfg: DictConfig, tok, encoder_cfg: dict, encoder_state: dict, trainer_kwargs: dict,
+                   run_factory: Callable | None = None) -> tuple[dict[str, float], dict]:
     metrics: dict[str, float] = {}
     report: dict = {}
     main_scores = []
     tasks = task_registry(cfg)
     for name in cfg.downstream.tasks:
         spec = tasks[name]
-        m, report[name] = run_task(cfg, tok, spec, encoder_cfg, encoder_state, trainer_kwargs)
+        m, report[name] = run_task(cfg, tok, spec, encoder_cfg, encoder_state, trainer_kwargs, run_factory)
         metrics.update(m)
         main_scores.append(m[f"downstream/{name}/{spec.main_metric}"])
     metrics["downstream/score"] = statistics.fmean(main_scores) if main_scores else float("nan")

@@ -14,7 +14,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mlmlab.config import ConfigError, validate_downstream
-from mlmlab.train import run_job, start_wandb, trainer_kwargs
+from mlmlab.train import finetune_runs, run_job, start_wandb, trainer_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,9 @@ def _body(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, stat
                                name_prefix=f"ft:{ckpt_path.parent.parent.name}:")
     with record.timer("finetune"):
         metrics, report = run_downstream(cfg, tok, encoder_cfg, enc_state,
-                                         {**trainer_kwargs(cfg), "devices": 1, "enable_progress_bar": False})
+                                         {**trainer_kwargs(cfg), "devices": 1, "enable_progress_bar": False},
+                                         finetune_runs(cfg, config, info, out_dir, ckpt_info.get("wandb_group"),
+                                                       f"ft:{ckpt_path.parent.parent.name}"))
     record.set(downstream=report)
     log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})
     return metrics

@@ -59,6 +59,19 @@ def start_wandb(cfg: DictConfig, config: dict, info: dict, out_dir: Path, job_ty
                       settings=wandb.Settings(console="off", x_disable_stats=True))
 
 
+def finetune_runs(cfg: DictConfig, config: dict, info: dict, out_dir: Path, group: str | None, parent: str):
+    """``downstream.wandb_runs=true``: a factory of one W&B run per fine-tuning (task, lr, seed), else None."""
+    if not cfg.downstream.get("wandb_runs") or cfg.logger.wandb is None or cfg.logger.wandb.mode == "disabled":
+        return None
+
+    def make(task: str, lr: float, seed: int):
+        c = {**config, "finetune_run": {"task": task, "lr": lr, "seed": seed, "parent": parent}}
+        return start_wandb(cfg, c, info, out_dir, job_type="finetune", group=group,
+                           name_prefix=f"{task}:lr{lr:g}:seed{seed}:")
+
+    return make
+
+
 def trainer_kwargs(cfg: DictConfig) -> dict:
     t = cfg.trainer
     return {"accelerator": t.accelerator, "precision": t.precision, "deterministic": t.deterministic,
@@ -223,7 +236,9 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     encoder_state = {k: v.detach().cpu().clone() for k, v in module.encoder().state_dict().items()}
     with record.timer("finetune"):
         ft, report = run_downstream(cfg, tok, encoder_cfg, encoder_state,
-                                    {**trainer_kwargs(cfg), "devices": 1, "enable_progress_bar": False})
+                                    {**trainer_kwargs(cfg), "devices": 1, "enable_progress_bar": False},
+                                    finetune_runs(cfg, config, info, out_dir, wandb_group(cfg, info),
+                                                  info.get("override_dirname") or "default"))
     metrics.update(ft)
     record.set(downstream=report)
     log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})

@@ -91,3 +91,32 @@ def test_same_seed_same_run(cfg_factory, tmp_path):
                               output_dir=tmp_path / f"r{i}")) for i in range(2)]
     assert runs[0]["train/mlm_loss"] == runs[1]["train/mlm_loss"]
     assert runs[0]["val/mlm_loss_r15"] == runs[1]["val/mlm_loss_r15"]
+
+
+def test_one_wandb_run_per_finetuning(cache_dir, tmp_path):
+    """downstream.wandb_runs=true: each (task, lr, seed) fine-tuning is its own offline W&B run, job_type=finetune, in
+    the pretraining run's group, with its loss curve, per-epoch selection score and final scores."""
+    from conftest import FAST, make_cfg
+
+    out = tmp_path / "job"
+    cfg = make_cfg([*FAST, "logger.wandb.group=ftg", "downstream.wandb_runs=true", "downstream.tasks=[builtin_sentiment]",
+                    "downstream.seeds=[0,1]", "downstream.finetune.lr=[1e-4,1e-3]", "downstream.finetune.epochs=2",
+                    "downstream.finetune.early_stopping_patience=1", "callbacks.checkpoint=false"], out, cache_dir)
+    metrics = train(cfg)
+    runs = [read_wandb_offline(d) for d in wandb_run_dirs(out)]
+    assert all(r["exit_code"] == 0 for r in runs)
+    assert sorted(r["run"]["job_type"] for r in runs) == ["finetune"] * 4 + ["pretrain"]
+    assert {r["run"]["group"] for r in runs} == {"ftg"}
+    ft = [r for r in runs if r["run"]["job_type"] == "finetune"]
+    assert sorted((r["config"]["finetune_run"]["lr"], r["config"]["finetune_run"]["seed"]) for r in ft) == [
+        (1e-4, 0), (1e-4, 1), (1e-3, 0), (1e-3, 1)]
+    for r in ft:
+        assert any("finetune/loss" in h for h in r["history"])
+        assert len([h for h in r["history"] if "finetune/selection_acc" in h]) >= 1
+    rec = json.loads((out / "results.json").read_text())["downstream"]["builtin_sentiment"]
+    best = rec["best_lr"]
+    for r in ft:  # each run's summary is the score results.json has for that (lr, seed)
+        lr, seed = r["config"]["finetune_run"]["lr"], r["config"]["finetune_run"]["seed"]
+        assert r["summary"]["test/acc"] == pytest.approx(rec["grid"][str(lr)][str(seed)]["test"]["acc"])
+        if lr == best:
+            assert r["summary"]["test/acc"] == pytest.approx(metrics[f"downstream/builtin_sentiment/seed_{seed}/acc"])
