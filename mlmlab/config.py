@@ -216,7 +216,7 @@ class DownstreamConfig:
     tasks: list[str] = field(default_factory=lambda: ["builtin_sentiment", "builtin_topic"])
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
-    task_dirs: list[str] = field(default_factory=list)  # folders of <task>.yaml files (your own tasks; see conf/task/)
+    task_dirs: list[str] = field(default_factory=list)  # folders of <task>.yaml files (your own tasks; see mlmlab/tasks/)
     # one W&B run per fine-tuning (task x lr x seed): job_type=finetune, the pretraining run's group, its loss and
     # per-epoch validation curve, its scores in the summary (the job's own run always has the aggregates)
     wandb_runs: bool = False

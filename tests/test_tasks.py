@@ -314,7 +314,7 @@ def test_early_stopping_restores_the_best_weights_in_train_mode(monkeypatch):
 
 
 def test_a_task_of_your_own_from_a_yaml_file(cfg_factory, tmp_path):
-    """downstream.task_dirs: a folder of <task>.yaml files in conf/task/'s format; the task trains like a built-in one."""
+    """downstream.task_dirs: a folder of <task>.yaml files in mlmlab/tasks/'s format; the task trains like a built-in one."""
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     (tasks / "my_reviews.yaml").write_text("kind: single\ncolumns: [review]\nlabel_column: stars\nlabels: [low, high]\n"

@@ -211,11 +211,11 @@ def _builtin(name: str) -> TaskSpec:
 
 TASK_KEYS = ("kind", "columns", "label_column", "labels", "metrics", "main_metric", "local", "hub", "hub_splits",
              "splits")
-TASK_DIR = Path(__file__).resolve().parents[2] / "conf" / "task"  # the registry: one YAML file per task
+TASK_DIR = Path(__file__).resolve().parents[1] / "tasks"  # the registry: mlmlab/tasks/<name>.yaml
 
 
 def spec_from_yaml(path: Path) -> TaskSpec:
-    """A task declared in ``<name>.yaml`` (see conf/task/): ``kind``, ``columns``, ``labels`` (optional), ``metrics``
+    """A task declared in ``<name>.yaml`` (see mlmlab/tasks/): ``kind``, ``columns``, ``labels`` (optional), ``metrics``
     (the first is primary unless ``main_metric``), ``local`` (folder under the data dir), ``hub`` ({path, name}),
     ``splits`` (labelled splits, default train/validation/test), ``label_column``, ``hub_splits``."""
     from omegaconf import OmegaConf
@@ -278,8 +278,8 @@ TASKS.update(load_task_dir(TASK_DIR))
 
 
 def task_registry(cfg: DictConfig) -> dict[str, TaskSpec]:
-    """The built-in and conf/task/ tasks plus those declared in ``downstream.task_dirs`` (a user's own tasks: one
-    ``<name>.yaml`` each, in the format of conf/task/). A user task may not reuse a registered name."""
+    """The built-in and mlmlab/tasks/ tasks plus those declared in ``downstream.task_dirs`` (a user's own tasks: one
+    ``<name>.yaml`` each, in the format of mlmlab/tasks/). A user task may not reuse a registered name."""
     dirs = OmegaConf.select(cfg, "downstream.task_dirs", default=None) or []
     if not dirs:
         return TASKS
