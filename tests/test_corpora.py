@@ -8,7 +8,7 @@ from mlmlab.data.corpus import load_documents
 from mlmlab.train import train
 
 PRESETS = {"imdb": (19051, 763), "wikitext2": None, "zh": (61457, 3234), "finance": (22041, 1160),
-           "medical": (31466, 13305)}
+           "medical": (692 + 31466, 100 + 13305)}
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -20,7 +20,8 @@ def test_presets_read_the_shared_data(name, cfg_factory):
     docs = load_documents(cfg.data)
     assert docs["train"] and docs["validation"] and docs["train"][0] != docs["validation"][0]
     if PRESETS[name] is not None:  # blank lines are not documents
-        assert len(docs["train"]) <= PRESETS[name][0] and len(docs["validation"]) <= PRESETS[name][1]
+        slack = 1.01 if cfg.data.mix else 1.0  # a mixture repeats a few documents of the source that runs out first
+        assert len(docs["train"]) <= slack * PRESETS[name][0] and len(docs["validation"]) <= PRESETS[name][1]
         assert len(docs["train"]) > 0.9 * PRESETS[name][0]
 
 
