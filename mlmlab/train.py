@@ -133,7 +133,7 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
 
     from mlmlab.checkpoint import RunInfo, run_info
     from mlmlab.config import build_schedule
-    from mlmlab.data.corpus import get_blocks
+    from mlmlab.data.corpus import block_stats, get_blocks
     from mlmlab.data.datamodule import PretrainDataModule
     from mlmlab.data.tasks import task_registry
     from mlmlab.data.tokenizer import MASK, PAD
@@ -168,8 +168,8 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
                "original_ids": val_blocks["input_ids"], "special_tokens_mask": val_blocks["special_tokens_mask"]}
         dm = PretrainDataModule(train_blocks, val, cfg.data.batch_size, cfg.data.val_batch_size, cfg.seed,
                                 cfg.data.num_workers)
-    cand_frac = float((~train_blocks["special_tokens_mask"]).float().mean())
-    token_frac = float((train_blocks["input_ids"][:, 1:] != PAD).float().mean())
+    stats = block_stats(train_blocks)
+    cand_frac, token_frac = stats["cand_frac"], stats["token_frac"]
     try:
         max_steps, budget = steps_for_budget(cfg, vocab_size, schedule, cand_frac, token_frac)
     except ValueError as err:
@@ -187,7 +187,7 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
                             "schedule": schedule.describe(), **({"sampler_report": report} if report else {})})
     log.info("masking: %s", record.data["masking"])
     record.set(data={"vocab_size": vocab_size, "train_blocks": n_train, "val_blocks": len(val["input_ids"]),
-                     "train_tokens": int((train_blocks["input_ids"] != PAD).sum()),
+                     "train_tokens": stats["tokens"],
                      "eval_masked_tokens": int((fixed.labels != -100).sum())})
     log.info("data: %s", record.data["data"])
 
@@ -279,10 +279,12 @@ def build_masking(cfg: DictConfig, ctx, train_blocks: dict):
     """The run's replacement sampler, with data-dependent checks of mask.*; raises ConfigError before training."""
     from hydra.utils import instantiate
 
+    from mlmlab.data.corpus import iter_rows
+
     m = cfg.mask
     if m.unit in ("word", "span"):
         w = train_blocks.get("word_ids")
-        if w is None or not bool((w >= 0).any()):
+        if w is None or not any(bool((c >= 0).any()) for c in iter_rows(w)):
             raise ConfigError(f"mask.unit={m.unit} needs word ids, but the tokenized corpus has none; "
                               "allowed with this data: mask.unit=token")
     try:

@@ -135,3 +135,16 @@ def test_tokenizer_training_is_deterministic():
     enc = a.encode(" ".join(docs[:20]), add_special_tokens=False)
     assert any(t.startswith("##") for t in enc.tokens)  # the ## pieces are not special: decoding keeps them
     assert a.decode(enc.ids, skip_special_tokens=True) == a.decode(enc.ids, skip_special_tokens=False)
+
+
+def test_block_stats_count_exactly_in_chunks(cfg_factory, tmp_path):
+    from mlmlab.data.corpus import block_stats, iter_rows
+    from mlmlab.data.tokenizer import PAD
+
+    _, blocks = get_blocks(cfg_factory("data.n_docs=300", "data.n_val_docs=20", f"paths.cache_dir={tmp_path}"))
+    b = blocks["train"]
+    s = block_stats(b)
+    assert s["tokens"] == int((b["input_ids"] != PAD).sum())
+    assert s["cand_frac"] == pytest.approx(float((~b["special_tokens_mask"]).double().mean()), rel=1e-12)
+    assert s["token_frac"] == pytest.approx(float((b["input_ids"][:, 1:] != PAD).double().mean()), rel=1e-12)
+    assert sum(len(c) for c in iter_rows(b["input_ids"], chunk=7)) == len(b["input_ids"])

@@ -387,6 +387,25 @@ def load_blocks(d: Path) -> dict[str, torch.Tensor]:
             for name in ("input_ids", "special_tokens_mask", "word_ids")}
 
 
+def iter_rows(t: torch.Tensor, chunk: int = 65_536):
+    """Row chunks of a (memory-mapped) block tensor, so statistics over a corpus never materialise a full copy."""
+    for i in range(0, len(t), chunk):
+        yield t[i : i + chunk]
+
+
+def block_stats(blocks: dict[str, torch.Tensor]) -> dict[str, float | int]:
+    """Exact counts over packed blocks, chunk by chunk: ``tokens`` (non-pad), ``cand_frac`` (share of positions that
+    may be masked) and ``token_frac`` (share of non-pad positions after [CLS])."""
+    n = len(blocks["input_ids"])
+    seq = blocks["input_ids"].shape[1]
+    tokens = cand = body = 0
+    for x, sp in zip(iter_rows(blocks["input_ids"]), iter_rows(blocks["special_tokens_mask"])):
+        tokens += int((x != PAD).sum())
+        body += int((x[:, 1:] != PAD).sum())
+        cand += int((~sp).sum())
+    return {"tokens": tokens, "cand_frac": cand / (n * seq), "token_frac": body / (n * (seq - 1))}
+
+
 def get_blocks(cfg: DictConfig) -> tuple[object, dict[str, dict[str, torch.Tensor]]]:
     """The tokenizer and the packed blocks of both splits, from the cache when the same config made them before."""
     docs: dict = {}

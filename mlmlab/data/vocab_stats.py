@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mlmlab.config import ConfigError
 from mlmlab.data.cache import cached_file, config_hash
-from mlmlab.data.corpus import _read_docs, text_files, tokenizer_key
+from mlmlab.data.corpus import _read_docs, iter_rows, text_files, tokenizer_key
 from mlmlab.data.tokenizer import SPECIAL_TOKENS, UNK
 from mlmlab.masking.replacement import SamplerContext
 
@@ -67,7 +67,10 @@ def encode_words(tok, words: list[str]) -> list[list[int]]:
 
 def block_token_counts(blocks: dict[str, torch.Tensor], vocab_size: int) -> torch.Tensor:
     """int64 [vocab_size]: how often each id occurs at the non-special positions of packed blocks."""
-    return _bincount(blocks["input_ids"].long()[~blocks["special_tokens_mask"].bool()], vocab_size)
+    total = torch.zeros(vocab_size, dtype=torch.int64)
+    for x, sp in zip(iter_rows(blocks["input_ids"]), iter_rows(blocks["special_tokens_mask"])):
+        total += _bincount(x.long()[~sp.bool()], vocab_size)
+    return total
 
 
 def _bincount(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
