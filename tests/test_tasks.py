@@ -180,7 +180,7 @@ def test_lr_grid_is_chosen_on_validation_and_reported_on_test(cfg_factory, tmp_p
     # validation prefers lr 1e-4, test would prefer 3e-4: the protocol must report test at 1e-4
     scores = {1e-4: (0.8, 0.6), 3e-4: (0.7, 0.9)}
 
-    def fake(cfg, spec, enc, state, names, splits, lr, seed, kw):
+    def fake(cfg, spec, enc, state, names, splits, lr, seed, kw, run_factory=None, reported="test"):
         assert set(splits) == {"train", "validation", "test"}
         v, t = scores[lr]
         return {"validation": {"acc": v + seed / 100}, "test": {"acc": t + seed / 100}}
@@ -200,7 +200,7 @@ def test_without_labelled_test_validation_is_reported_and_never_used_for_selecti
     write_task(tmp_path, TASKS["rte"], n=40)
     seen = []
 
-    def fake(cfg, spec, enc, state, names, splits, lr, seed, kw):
+    def fake(cfg, spec, enc, state, names, splits, lr, seed, kw, run_factory=None, reported="test"):
         seen.append({k: v["n"] for k, v in splits.items()})
         return {k: {"acc": 0.5 + lr} for k in splits if k != "train"}
 
@@ -298,6 +298,7 @@ def test_early_stopping_restores_the_best_weights_in_train_mode(monkeypatch):
 
     class T:
         should_stop = False
+        logger = None
 
     weights = []
     for epoch in range(4):
