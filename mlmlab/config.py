@@ -468,7 +468,9 @@ def validate(cfg: DictConfig) -> None:
         _check_choice("data.source", d.source, DATA_SOURCES)
         _check(d.num_proc >= 1, f"data.num_proc={d.num_proc} must be >= 1")
         if d.source == "hub":
-            _check(bool(d.hub), f"data.source=hub needs data.hub (a hub data set name; data={d.name})")
+            _check(not OmegaConf.is_missing(d, "hub") and bool(d.hub),
+                   f"data.source=hub needs data.hub (a hub data set name; data={d.name})")
+            _check(not d.mix, "data.source=hub cannot be combined with data.mix (a mixture takes local files)")
         if d.mix:
             _check(d.path is None, f"set data.path or data.mix, not both (data={d.name})")
             for i, src in enumerate(d.mix):

@@ -241,15 +241,17 @@ def finetune_one(cfg: DictConfig, spec: TaskSpec, encoder_cfg: dict, encoder_sta
     """Fine-tune one copy; returns the metrics on each evaluated split (``validation`` if present, ``test`` if
     present). ``run_factory(task, lr, seed)``: a W&B run for this fine-tuning (or None)."""
     run = run_factory(spec.name, lr, seed) if run_factory is not None else None
+    ok = False
     try:
         out = _finetune_one(cfg, spec, encoder_cfg, encoder_state, label_names, splits, lr, seed, trainer_kwargs, run)
         if run is not None:
             names = {"validation": "selection", "test": reported}
             run.summary.update({f"{names[s]}/{k}": v for s, m in out.items() for k, v in m.items()})
+        ok = True
         return out
     finally:
         if run is not None:
-            run.finish()
+            run.finish(exit_code=0 if ok else 1)
 
 
 def _finetune_one(cfg: DictConfig, spec: TaskSpec, encoder_cfg: dict, encoder_state: dict, label_names: list[str],

@@ -63,7 +63,8 @@ def _body(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, stat
         metrics, report = run_downstream(cfg, tok, encoder_cfg, enc_state,
                                          {**trainer_kwargs(cfg), "devices": 1, "enable_progress_bar": False},
                                          finetune_runs(cfg, config, info, out_dir, ckpt_info.get("wandb_group"),
-                                                       f"ft:{ckpt_path.parent.parent.name}"))
+                                                       f"ft:{ckpt_path.parent.parent.name}",
+                                                       prefix=f"ft:{ckpt_path.parent.parent.name}:"))
     record.set(downstream=report)
     log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})
     return metrics

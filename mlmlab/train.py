@@ -53,13 +53,14 @@ def start_wandb(cfg: DictConfig, config: dict, info: dict, out_dir: Path, job_ty
     import wandb
 
     group = group or wandb_group(cfg, info)
-    name = w.name or name_prefix + (info.get("override_dirname") or "default")
+    name = name_prefix + (w.name or info.get("override_dirname") or "default")
     return wandb.init(project=w.project, entity=w.entity, mode=w.mode, group=group, job_type=job_type, name=name,
                       tags=list(w.tags), config=config, dir=str(out_dir), reinit="create_new",
                       settings=wandb.Settings(console="off", x_disable_stats=True))
 
 
-def finetune_runs(cfg: DictConfig, config: dict, info: dict, out_dir: Path, group: str | None, parent: str):
+def finetune_runs(cfg: DictConfig, config: dict, info: dict, out_dir: Path, group: str | None, parent: str,
+                  prefix: str = ""):
     """``downstream.wandb_runs=true``: a factory of one W&B run per fine-tuning (task, lr, seed), else None."""
     if not cfg.downstream.get("wandb_runs") or cfg.logger.wandb is None or cfg.logger.wandb.mode == "disabled":
         return None
@@ -67,7 +68,7 @@ def finetune_runs(cfg: DictConfig, config: dict, info: dict, out_dir: Path, grou
     def make(task: str, lr: float, seed: int):
         c = {**config, "finetune_run": {"task": task, "lr": lr, "seed": seed, "parent": parent}}
         return start_wandb(cfg, c, info, out_dir, job_type="finetune", group=group,
-                           name_prefix=f"{task}:lr{lr:g}:seed{seed}:")
+                           name_prefix=f"{prefix}{task}:lr{lr:g}:seed{seed}:")
 
     return make
 

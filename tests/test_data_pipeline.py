@@ -148,3 +148,33 @@ def test_block_stats_count_exactly_in_chunks(cfg_factory, tmp_path):
     assert s["cand_frac"] == pytest.approx(float((~b["special_tokens_mask"]).double().mean()), rel=1e-12)
     assert s["token_frac"] == pytest.approx(float((b["input_ids"][:, 1:] != PAD).double().mean()), rel=1e-12)
     assert sum(len(c) for c in iter_rows(b["input_ids"], chunk=7)) == len(b["input_ids"])
+
+
+def test_a_failed_build_leaves_no_scratch_and_the_next_build_works(tmp_path):
+    from mlmlab.data.cache import cached_file
+
+    def bad(tmp):
+        tmp.mkdir()
+        (tmp / "half.npy").write_bytes(b"x" * 100)
+        raise RuntimeError("killed mid-build")
+
+    with pytest.raises(RuntimeError):
+        cached_file(tmp_path, "blocks", {"a": 1}, "blocks", bad)
+    (d,) = (tmp_path / "blocks").iterdir()
+    assert sorted(p.name for p in d.iterdir()) == [".lock"]  # no half-written folder, nothing that looks complete
+    out = cached_file(tmp_path, "blocks", {"a": 1}, "blocks", lambda tmp: tmp.mkdir())
+    assert out.is_dir() and (d / "key.json").exists()
+
+
+def test_hub_source_needs_a_name_and_no_mixture(cfg_factory, tmp_path):
+    with pytest.raises(ConfigError, match="data.source=hub needs data.hub"):
+        validate(cfg_factory("data=hub"))
+    a = tmp_path / "a.txt"
+    a.write_text("one doc\nanother doc\n")
+    with pytest.raises(ConfigError, match="data.source=hub cannot be combined with data.mix"):
+        validate(cfg_factory("data=hub", "data.hub=x", f"+data.mix=[{{path: '{a}'}}]"))
+
+
+def test_train_wordpiece_rejects_a_one_shot_iterator():
+    with pytest.raises(TypeError, match="reads texts twice"):
+        train_wordpiece(iter(["a b c"] * 10), 100)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +20,13 @@ from filelock import FileLock
 
 def config_hash(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir():
+        shutil.rmtree(p, ignore_errors=True)
+    elif p.exists():
+        p.unlink()
 
 
 def cached_file(cache_dir: str | Path, kind: str, key: dict, filename: str, build: Callable[[Path], None]) -> Path:
@@ -29,8 +38,12 @@ def cached_file(cache_dir: str | Path, kind: str, key: dict, filename: str, buil
     d.mkdir(parents=True, exist_ok=True)
     with FileLock(str(d / ".lock")):
         if not target.exists():
-            tmp = d / f".{filename}.tmp{os.getpid()}"
-            build(tmp)
+            tmp = d / f".{filename}.tmp{os.getpid()}.{uuid.uuid4().hex[:8]}"
+            try:
+                build(tmp)
+            except BaseException:  # a failed build leaves nothing behind (a half-written file or folder)
+                _remove(tmp)
+                raise
             (d / "key.json").write_text(json.dumps(key, indent=2, sort_keys=True, default=str))
             os.replace(tmp, target)
     return target

@@ -68,7 +68,9 @@ def corpus_key(d: DictConfig) -> dict:
     if uses_hub(d):
         return {"name": d.name, "hub": d.hub, "hub_name": d.get("hub_name"), "hub_split": d.get("hub_split"),
                 "hub_val_split": d.get("hub_val_split"), "text_column": d.get("text_column"),
-                "val_fraction": None if d.get("hub_val_split") else d.val_fraction}
+                "val_fraction": None if d.get("hub_val_split") else d.val_fraction,
+                # a local folder given as data.hub: its files' sizes and times, so edits rebuild the caches
+                "local": _files_any(d.hub) if Path(str(d.hub)).expanduser().exists() else None}
     key = {"name": d.name, "files": _files_key(d.path, "data.path"), "doc_sep": d.doc_sep}
     if d.val_path is not None:
         key["val_files"] = _files_key(d.val_path, "data.val_path")
@@ -93,9 +95,15 @@ def _clean(ds, keep_in_memory: bool = True):
     import datasets
 
     datasets.disable_progress_bars()  # map/filter/save bars of every small step would drown the job's log
-    ds = ds.map(lambda b: {"text": [t.strip() for t in b["text"]]}, batched=True, keep_in_memory=keep_in_memory,
+    ds = ds.map(lambda b: {"text": [(t or "").strip() for t in b["text"]]}, batched=True, keep_in_memory=keep_in_memory,
                 desc=None)
     return ds.filter(lambda b: [bool(t) for t in b["text"]], batched=True, keep_in_memory=keep_in_memory)
+
+
+def _files_any(path: str) -> list:
+    p = Path(path).expanduser()
+    files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
+    return [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
 
 
 def _read_docs(path: str, doc_sep: str, key: str) -> list[str]:
@@ -130,7 +138,8 @@ def uses_hub(d: DictConfig) -> bool:
     """Whether a (non-mixture) corpus comes from the hub: ``data.source=hub``, or ``auto`` with ``data.hub`` set and
     ``data.path`` unset or not on this machine (a preset's local copy wins where the data dir has it)."""
     source = d.get("source", "auto")
-    if source == "hub" or (source == "auto" and d.get("hub") and (d.path is None or not Path(d.path).exists())):
+    if source == "hub" or (source == "auto" and d.get("hub")
+                           and (d.path is None or not Path(str(d.path)).expanduser().exists())):
         return True
     return False
 
@@ -159,9 +168,8 @@ def _hub_corpus(d: DictConfig, cache_dir: str | None) -> dict:
     where = f"data.hub={d.hub!r}" + (f" data.hub_name={d.hub_name!r}" if d.get("hub_name") else "")
 
     def load(split: str):
-        kw = {"cache_dir": str(Path(cache_dir).expanduser() / "hf")} if cache_dir else {}
-        try:
-            ds = datasets.load_dataset(d.hub, d.get("hub_name"), split=split, **kw)
+        try:  # the user's HF cache (HF_DATASETS_CACHE): what is downloaded there is reused, also offline
+            ds = datasets.load_dataset(d.hub, d.get("hub_name"), split=split)
         except Exception as e:  # offline, unknown name, unknown split: say what was asked and how to work offline
             raise ConfigError(f"{where}: could not load split {split!r} ({type(e).__name__}: {e}); for offline work "
                               "set data.path to local text files (or paths.data_dir for a preset's local copy)") from e
@@ -170,7 +178,7 @@ def _hub_corpus(d: DictConfig, cache_dir: str | None) -> dict:
             raise ConfigError(f"{where} split {split!r} has no column data.text_column={col!r}; it has "
                               f"{ds.column_names}")
         ds = ds.select_columns([col])
-        return _clean(ds.rename_column(col, "text") if col != "text" else ds, keep_in_memory=not cache_dir)
+        return _clean(ds.rename_column(col, "text") if col != "text" else ds, keep_in_memory=False)
 
     train = load(d.get("hub_split") or "train")
     if len(train) == 0:
@@ -230,7 +238,7 @@ class _Packer:
         real = w >= 0
         self._push(np.asarray(ids, dtype=np.int64), np.where(real, w + self.word_offset, -1))
         self.word_offset += int(w.max()) + 1 if real.any() else 0
-        if self.buffered >= self.body:
+        if self.buffered >= self.body * 1024:  # write ~1024 blocks at a time
             self._flush(final=False)
 
     def _push(self, ids: np.ndarray, w: np.ndarray) -> None:
@@ -359,13 +367,13 @@ def tokenized_corpus(cfg: DictConfig, tok, split: str, docs) -> object:
     return datasets.load_from_disk(str(cached_file(cfg.paths.cache_dir, "tokens", key, "tokens", build)))
 
 
-def pack_dataset(tokens, max_seq_len: int, out_dir: Path) -> None:
+def pack_dataset(tokens, max_seq_len: int, out_dir: Path, what: str = "the corpus") -> None:
     """Pack a tokenized split (:func:`tokenized_corpus`) into ``.npy`` files under ``out_dir``, streaming over Arrow
     record batches into memory-mapped arrays: a corpus larger than RAM packs in bounded memory."""
     out_dir.mkdir(parents=True)
     n = _Packer.n_blocks(tokens.data.column("length").to_numpy().astype(np.int64), max_seq_len - 2)
     if n == 0:
-        raise ConfigError("the corpus produced no tokens")
+        raise ConfigError(f"{what} produced no tokens")
     arrays = {name: np.lib.format.open_memmap(out_dir / f"{name}.npy", mode="w+", dtype=dtype, shape=(n, max_seq_len))
               for name, dtype in (("input_ids", np.int32), ("word_ids", np.int32), ("special_tokens_mask", bool))}
     p = _Packer(arrays["input_ids"], arrays["word_ids"], arrays["special_tokens_mask"])
@@ -432,7 +440,9 @@ def get_blocks(cfg: DictConfig) -> tuple[object, dict[str, dict[str, torch.Tenso
             key["word_segmenter"] = segmenter
 
         def build(tmp: Path, split=split) -> None:
-            pack_dataset(tokenized_corpus(cfg, tok, split, lazy_docs), cfg.data.max_seq_len, tmp)
+            src = cfg.data.get("hub") if uses_hub(cfg.data) else (cfg.data.get("path") or cfg.data.name)
+            pack_dataset(tokenized_corpus(cfg, tok, split, lazy_docs), cfg.data.max_seq_len, tmp,
+                         f"the {split} split of data={cfg.data.name} ({src})")
 
         out[split] = load_blocks(cached_file(cfg.paths.cache_dir, "blocks", key, "blocks", build))
     return tok, out

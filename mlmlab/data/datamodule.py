@@ -21,7 +21,19 @@ class DictDataset(Dataset):
         return {k: v[i] for k, v in self.tensors.items()}
 
 
+class BlockDataset(DictDataset):
+    """Training blocks (memory-mapped): each item gets its attention mask and block id (which keys static masks) on
+    the fly, so nothing of corpus size is computed up front."""
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        item = super().__getitem__(i)
+        item["attention_mask"] = item["input_ids"] != PAD
+        item["block_id"] = torch.tensor(i)
+        return item
+
+
 def with_attention_mask(blocks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What a batch of :class:`BlockDataset` items holds, for a whole (small) block dict at once."""
     n = len(blocks["input_ids"])  # block_id keys static masks; word_ids feed whole-word / span units
     return {**blocks, "attention_mask": blocks["input_ids"] != PAD, "block_id": torch.arange(n)}
 
@@ -33,7 +45,7 @@ class PretrainDataModule(pl.LightningDataModule):
     def __init__(self, train: dict[str, torch.Tensor], val: dict[str, torch.Tensor], batch_size: int,
                  val_batch_size: int, seed: int, num_workers: int = 0):
         super().__init__()
-        self.train_set = DictDataset(with_attention_mask(train))
+        self.train_set = BlockDataset(train)
         self.val_set = DictDataset(val)
         self.batch_size, self.val_batch_size = batch_size, val_batch_size
         self.seed, self.num_workers = seed, num_workers

@@ -31,6 +31,10 @@ def train_wordpiece(
     on iteration order. They are registered as special tokens for the trainer only and then turned back into ordinary
     vocabulary entries, so they encode, decode and export like any other piece.
     """
+    if not callable(texts) and iter(texts) is texts:
+        raise TypeError("train_wordpiece reads texts twice: pass a list (or other re-iterable) or a function "
+                        "returning a fresh iterator, not a one-shot iterator")
+
     def read() -> Iterable[str]:
         return texts() if callable(texts) else texts
 
