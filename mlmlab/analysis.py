@@ -1,19 +1,46 @@
-"""Load runs into pandas: from local job dirs (``results.json``) or from an offline W&B run's transaction log.
+"""Runs -> pandas: load a sweep, aggregate over seeds, compare against a baseline, plot; also a CLI.
 
-``load_runs(root)`` gives one row per job with flattened ``config.*`` columns and every metric, so a sweep becomes
-``df.groupby("config.mask.rate")["downstream/score"].agg(["mean", "std"])``.
+``load_runs(source)`` gives one tidy row per job, from any of three sources that agree with each other:
+
+* a local folder (a job dir, a sweep dir, or a folder of sweeps): the jobs' ``results.json`` files;
+* the same folder's offline W&B runs (``source_kind="wandb"``, or automatically where a job left no results.json);
+* the W&B API: ``"wandb:<entity>/<project>"`` (optionally ``/<group>``), with ``filters`` passed to ``wandb.Api().runs``.
+
+Columns: ``run_dir``, ``status``, ``overrides``, the whole resolved config flattened with dots (``mask.rate``,
+``mask.replace.mask``, ``seed`` ...), every metric under its logged key (``downstream/score``, ``val/mlm_loss_r15``,
+``train/selected_frac`` ...) and ``timings.<phase>``. Truncated or unreadable results are skipped, counted and named
+in ``df.attrs["skipped"]``; a source with no runs at all raises ``NoRunsError``.
+
+``aggregate(df, by=["mask.rate"], metric="downstream/score")`` -> mean, std, n and the t-distribution 95% CI per group;
+``compare(df, by="mask.rate", baseline=0.15)`` -> paired differences over seeds with a paired t-test;
+``plot_metric`` / ``plot_history`` draw a metric against an axis with CI bands and curves per group.
+
+``python -m mlmlab.analysis <dir | wandb:entity/project[/group]> --by mask.rate [--metric ...] [--baseline 0.15]
+[--csv out.csv] [--png out.png]`` prints the table.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import logging
+import math
+import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pandas as pd
 
+log = logging.getLogger(__name__)
+
 _BLOCK = 32768  # the .wandb file is a LevelDB-style log: 32 KiB blocks of (crc32, length, type) framed records
 _HEADER = 7  # ":W&B" + magic (2 bytes) + version (1 byte)
 _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+DEFAULT_METRIC = "downstream/score"
+
+
+class NoRunsError(ValueError):
+    """The source holds no readable run: a wrong path, a sweep that has not finished a job, or filters too narrow."""
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -23,23 +50,267 @@ def _flatten(d: dict, prefix: str = "") -> dict:
         if isinstance(v, dict):
             out.update(_flatten(v, key + "."))
         else:
-            out[key] = v
+            out[key] = tuple(v) if isinstance(v, list) else v  # hashable, so list-valued keys can be grouped by
     return out
 
 
-def load_runs(root: str | Path, include_failed: bool = False) -> pd.DataFrame:
-    """One row per ``results.json`` found under ``root`` (a job dir, a sweep dir, or a folder of them)."""
-    rows = []
-    for path in sorted(Path(root).rglob("results.json")):
-        r = json.loads(path.read_text())
-        if r.get("status") != "ok" and not include_failed:
+# ---------------------------------------------------------------------------------------------------------- loading
+
+
+def load_runs(source: str | Path, include_failed: bool = False, source_kind: str = "auto",
+              job_type: str = "pretrain", filters: dict | None = None) -> pd.DataFrame:
+    """One row per run of ``source`` (see the module docstring). ``source_kind``: ``auto`` (results.json, and the
+    offline W&B run of any job dir without one), ``results`` or ``wandb`` (offline runs only). ``job_type`` selects
+    the W&B runs (pretraining runs; ``finetune`` for the per-fine-tuning runs of ``downstream.wandb_runs=true``)."""
+    if source_kind not in ("auto", "results", "wandb"):
+        raise ValueError(f"source_kind={source_kind!r}; allowed: auto, results, wandb")
+    if isinstance(source, str) and source.startswith("wandb:"):
+        rows, skipped = _from_api(source[len("wandb:"):], job_type, filters), []
+    else:
+        root = Path(source).expanduser()
+        if not root.exists():
+            raise NoRunsError(f"{root} does not exist; give a job or sweep dir, or wandb:<entity>/<project>[/<group>]")
+        rows, skipped = _from_dir(root, source_kind, job_type)
+    failed = [r for r in rows if r["status"] != "ok"]
+    if not include_failed:
+        rows = [r for r in rows if r["status"] == "ok"]
+    if skipped:
+        log.warning("skipped %d unreadable run(s): %s", len(skipped), "; ".join(f"{p} ({why})" for p, why in skipped))
+    if not rows:
+        what = f"{len(failed)} failed run(s) (include_failed=True shows them)" if failed else "no runs"
+        detail = f"; {len(skipped)} unreadable: {skipped[0][0]} ({skipped[0][1]})" if skipped else ""
+        raise NoRunsError(f"{source}: {what}{detail}")
+    df = pd.DataFrame(rows)
+    df.attrs.update(source=str(source), skipped=[{"path": str(p), "reason": why} for p, why in skipped],
+                    n_skipped=len(skipped), n_failed=len(failed))
+    return df
+
+
+def _from_dir(root: Path, kind: str, job_type: str) -> tuple[list[dict], list[tuple[Path, str]]]:
+    rows, skipped = [], []
+    results = sorted(p for p in root.rglob("results.json") if "wandb" not in p.parts)
+    with_results = {p.parent for p in results}
+    if kind in ("auto", "results"):
+        for path in results:
+            try:
+                r = json.loads(path.read_text())
+                if not isinstance(r, dict) or "status" not in r or "config" not in r:
+                    raise ValueError("not a run record (no status/config)")
+            except (OSError, ValueError) as e:  # a truncated file from a killed job: reported, skipped, counted
+                skipped.append((path, f"{type(e).__name__}: {e}"))
+                continue
+            rows.append(_row_from_results(path.parent, r))
+    if kind in ("auto", "wandb"):
+        for run_dir in sorted(root.rglob("offline-run-*")):
+            job_dir = run_dir.parent.parent  # <job dir>/wandb/offline-run-*
+            if kind == "auto" and job_dir in with_results:
+                continue
+            try:
+                info = read_wandb_offline(run_dir)
+            except (OSError, ValueError) as e:
+                skipped.append((run_dir, f"{type(e).__name__}: {e}"))
+                continue
+            if info["run"].get("job_type", job_type) != job_type:
+                continue
+            rows.append(_row_from_wandb(str(job_dir), info["config"], info["summary"], info["exit_code"],
+                                        info["run"]))
+    if kind == "results" and not results:
+        raise NoRunsError(f"{root}: no results.json below it")
+    return rows, skipped
+
+
+def _row_from_results(job_dir: Path, r: dict) -> dict:
+    row = {"run_dir": str(job_dir), "status": r.get("status"), "overrides": " ".join(r.get("overrides") or [])}
+    row.update(_flatten(r.get("config") or {}))
+    row.update(r.get("metrics") or {})
+    row.update({f"timings.{k}": v for k, v in (r.get("timings_s") or {}).items()})
+    if r.get("status") != "ok" and r.get("error"):
+        row["error"] = f"{r['error'].get('type')}: {r['error'].get('message')}"
+    return row
+
+
+def _row_from_wandb(run_dir: str, config: dict, summary: dict, exit_code, run: dict) -> dict:
+    overrides = config.get("overrides")  # not part of the logged config; the run name carries them
+    status = "ok" if exit_code == 0 else ("running" if exit_code is None else "failed")
+    row = {"run_dir": run_dir, "status": status, "overrides": overrides or "", "wandb.name": run.get("name"),
+           "wandb.group": run.get("group"), "wandb.id": run.get("id")}
+    row.update(_flatten({k: v for k, v in config.items() if not k.startswith("_")}))
+    for k, v in summary.items():
+        if k.startswith("_") or isinstance(v, dict):
             continue
-        row = {"run_dir": str(path.parent), "status": r.get("status"), "overrides": " ".join(r.get("overrides", []))}
-        row.update(_flatten(r.get("config", {}), "config."))
-        row.update(r.get("metrics", {}))
-        row.update({f"timings.{k}": v for k, v in r.get("timings_s", {}).items()})
-        rows.append(row)
-    return pd.DataFrame(rows)
+        row[k.replace("timings/", "timings.", 1) if k.startswith("timings/") else k] = v
+    return row
+
+
+def _from_api(path: str, job_type: str, filters: dict | None) -> list[dict]:
+    import wandb
+
+    parts = path.strip("/").split("/")
+    if len(parts) not in (2, 3):
+        raise ValueError(f"wandb:{path}: expected wandb:<entity>/<project>[/<group>]")
+    f = dict(filters or {})
+    if len(parts) == 3:
+        f.setdefault("group", parts[2])
+    if job_type:
+        f.setdefault("jobType", job_type)
+    try:
+        runs = wandb.Api(timeout=30).runs(f"{parts[0]}/{parts[1]}", filters=f)
+        out = []
+        for run in runs:
+            state = {"finished": 0, "running": None}.get(run.state, 1)
+            out.append(_row_from_wandb(f"wandb:{run.path and '/'.join(run.path)}", dict(run.config),
+                                       dict(run.summary), state,
+                                       {"id": run.id, "name": run.name, "group": run.group}))
+        return out
+    except Exception as e:  # no key, no server: say so instead of a deep stack
+        raise NoRunsError(f"wandb:{path}: could not read runs from the W&B API ({type(e).__name__}: {e}); "
+                          "read local job dirs instead: load_runs(<sweep dir>)") from e
+
+
+def load_history(source: str | Path, keys: Sequence[str] = ("train/mask_rate",), job_type: str = "pretrain") -> pd.DataFrame:
+    """Long-format curves: one row per (run, logged step) with ``run_dir``, ``step`` (trainer/global_step) and each of
+    ``keys`` -- from the offline W&B logs below a local folder, or from the W&B API for a ``wandb:`` source. Join with
+    ``load_runs`` on ``run_dir`` to group by config."""
+    frames = []
+    if isinstance(source, str) and source.startswith("wandb:"):
+        import wandb
+
+        parts = source[len("wandb:"):].strip("/").split("/")
+        f = {"jobType": job_type, **({"group": parts[2]} if len(parts) == 3 else {})}
+        for run in wandb.Api(timeout=30).runs(f"{parts[0]}/{parts[1]}", filters=f):
+            h = run.history(keys=list(keys), pandas=True)
+            h["run_dir"] = "wandb:" + "/".join(run.path)
+            frames.append(h.rename(columns={"_step": "step"}))
+    else:
+        for run_dir in sorted(Path(source).expanduser().rglob("offline-run-*")):
+            info = read_wandb_offline(run_dir)
+            if info["run"].get("job_type", job_type) != job_type:
+                continue
+            rows = [{"step": h.get("trainer/global_step", h.get("_step")), **{k: h[k] for k in keys if k in h}}
+                    for h in info["history"] if any(k in h for k in keys)]
+            if rows:
+                frames.append(pd.DataFrame(rows).assign(run_dir=str(run_dir.parent.parent)))
+    if not frames:
+        raise NoRunsError(f"{source}: no logged history with any of {list(keys)}")
+    return pd.concat(frames, ignore_index=True)
+
+
+# ----------------------------------------------------------------------------------------------------- statistics
+
+
+def _columns(df: pd.DataFrame, names: str | Iterable[str]) -> list[str]:
+    names = [names] if isinstance(names, str) else list(names)
+    missing = [n for n in names if n not in df.columns]
+    if missing:
+        near = [c for c in df.columns if any(m.split(".")[-1] in c for m in missing)][:8]
+        raise KeyError(f"no column {missing} in the runs; similar: {near or '-'}")
+    return names
+
+
+def t_ci(std: float, n: int, level: float = 0.95) -> float:
+    """Half-width of the t-distribution confidence interval of a mean of ``n`` values (nan below 2)."""
+    from scipy import stats
+
+    if n < 2 or not math.isfinite(std):
+        return float("nan")
+    return float(stats.t.ppf(0.5 + level / 2, n - 1) * std / math.sqrt(n))
+
+
+def aggregate(df: pd.DataFrame, by: str | Sequence[str], metric: str | Sequence[str] = DEFAULT_METRIC,
+              level: float = 0.95) -> pd.DataFrame:
+    """Per group of ``by``: ``n``, ``mean``, ``std`` (sample), ``ci95`` (t half-width) for each metric. One metric
+    gives flat columns; several give a (metric, stat) column MultiIndex."""
+    by, metrics = _columns(df, by), _columns(df, metric)
+    tables = {}
+    for m in metrics:
+        g = df.groupby(by, dropna=False)[m]
+        t = pd.DataFrame({"n": g.count(), "mean": g.mean(), "std": g.std(ddof=1)})
+        t["ci95"] = [t_ci(s, int(n), level) for s, n in zip(t["std"], t["n"])]
+        tables[m] = t
+    if len(metrics) == 1:
+        return tables[metrics[0]]
+    return pd.concat(tables, axis=1)
+
+
+def compare(df: pd.DataFrame, by: str, baseline, metric: str = DEFAULT_METRIC, pair_on: str = "seed",
+            level: float = 0.95) -> pd.DataFrame:
+    """Each value of ``by`` against ``baseline``, paired on ``pair_on`` (the pretraining seed: the same seed sees the
+    same data order): mean difference, its std, n pairs, t CI, and the two-sided paired t-test p-value."""
+    from scipy import stats
+
+    by, metric, pair_on = _columns(df, by)[0], _columns(df, metric)[0], _columns(df, pair_on)[0]
+    if baseline not in set(df[by]):
+        raise ValueError(f"baseline {by}={baseline!r} is not among the runs; present: {sorted(set(df[by]), key=str)}")
+    wide = df.pivot_table(index=pair_on, columns=by, values=metric, aggfunc="mean")
+    rows = []
+    for value in wide.columns:
+        if value == baseline:
+            continue
+        pair = wide[[baseline, value]].dropna()
+        d = pair[value] - pair[baseline]
+        n = len(d)
+        sd = float(d.std(ddof=1)) if n > 1 else float("nan")
+        p = float(stats.ttest_rel(pair[value], pair[baseline]).pvalue) if n > 1 and sd > 0 else float("nan")
+        rows.append({by: value, "n": n, "mean": float(pair[value].mean()), "baseline": float(pair[baseline].mean()),
+                     "diff": float(d.mean()) if n else float("nan"), "diff_std": sd, "diff_ci95": t_ci(sd, n, level),
+                     "p_value": p})
+    return pd.DataFrame(rows).set_index(by)
+
+
+# ---------------------------------------------------------------------------------------------------------- plots
+
+
+def plot_metric(df: pd.DataFrame, x: str, metric: str = DEFAULT_METRIC, hue: str | None = None, ax=None,
+                level: float = 0.95):
+    """``metric`` against ``x`` (mean over seeds), a line per ``hue`` value, with the t confidence band."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.subplots(figsize=(5, 3.5))[1]
+    groups = [(None, df)] if hue is None else sorted(df.groupby(_columns(df, hue)[0]), key=lambda kv: str(kv[0]))
+    for name, part in groups:
+        t = aggregate(part, x, metric, level).sort_index()
+        xs = list(t.index)
+        numeric = all(isinstance(v, (int, float)) for v in xs)
+        pos = xs if numeric else list(range(len(xs)))
+        ci = t["ci95"].fillna(0)
+        ax.plot(pos, t["mean"], marker="o", label=None if hue is None else f"{hue}={name}")
+        ax.fill_between(pos, t["mean"] - ci, t["mean"] + ci, alpha=0.2)
+        if not numeric:
+            ax.set_xticks(pos, [str(v) for v in xs])
+    ax.set_xlabel(x)
+    ax.set_ylabel(f"{metric} (mean, {int(level * 100)}% CI)")
+    if hue is not None:
+        ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return ax
+
+
+def plot_history(history: pd.DataFrame, runs: pd.DataFrame, key: str, by: str, ax=None):
+    """A logged curve (``train/mask_rate``, ``val/mlm_loss_r15`` ...) against step: mean over the runs of each
+    ``by`` group (``runs`` from ``load_runs``, joined on ``run_dir``)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.subplots(figsize=(5, 3.5))[1]
+    h = history.dropna(subset=[key]).merge(runs[["run_dir", by]], on="run_dir")
+    if h.empty:
+        raise NoRunsError(f"no {key} history for these runs")
+    for name, part in sorted(h.groupby(by), key=lambda kv: str(kv[0])):
+        curve = part.groupby("step")[key].mean()
+        ax.plot(curve.index, curve.values, label=f"{by}={name}")
+    ax.set_xlabel("step")
+    ax.set_ylabel(key)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return ax
+
+
+# --------------------------------------------------------------------------------------------- offline W&B reader
 
 
 def _records(path: Path):
@@ -78,9 +349,11 @@ def read_wandb_offline(run_dir: str | Path) -> dict:
     its ``run-*.wandb`` log -- the same file ``wandb sync`` uploads."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    (path,) = Path(run_dir).glob("run-*.wandb")
+    logs = list(Path(run_dir).glob("run-*.wandb"))
+    if len(logs) != 1:
+        raise ValueError(f"{run_dir}: expected one run-*.wandb log, found {len(logs)}")
     out: dict = {"config": {}, "summary": {}, "history": [], "exit_code": None, "run": {}}
-    for raw in _records(path):
+    for raw in _records(logs[0]):
         rec = pb.Record()
         rec.ParseFromString(raw)
         kind = rec.WhichOneof("record_type")
@@ -105,3 +378,64 @@ def read_wandb_offline(run_dir: str | Path) -> dict:
 
 def wandb_run_dirs(job_dir: str | Path) -> list[Path]:
     return sorted(Path(job_dir).glob("wandb/offline-run-*"))
+
+
+# ------------------------------------------------------------------------------------------------------------ CLI
+
+
+def _parse_value(s: str):
+    for cast in (int, float):
+        try:
+            return cast(s)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(s.lower(), s)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mlmlab.analysis", description="Aggregate a sweep's runs over seeds.")
+    p.add_argument("source", help="a job/sweep dir, or wandb:<entity>/<project>[/<group>]")
+    p.add_argument("--by", nargs="+", required=True, help="config columns to group by, e.g. mask.rate")
+    p.add_argument("--metric", nargs="+", default=[DEFAULT_METRIC], help="metric columns (default downstream/score)")
+    p.add_argument("--baseline", help="a value of the (first) --by column: paired differences against it")
+    p.add_argument("--pair-on", default="seed", help="column that pairs runs in --baseline comparisons")
+    p.add_argument("--source-kind", default="auto", choices=["auto", "results", "wandb"])
+    p.add_argument("--include-failed", action="store_true")
+    p.add_argument("--csv", help="write the table (and the comparison, as <name>.compare.csv) here")
+    p.add_argument("--png", help="write the plot of the first metric against the first --by column here")
+    p.add_argument("--hue", help="a second config column: one line per value in the plot")
+    a = p.parse_args(argv)
+    try:
+        df = load_runs(a.source, include_failed=a.include_failed, source_kind=a.source_kind)
+        if a.include_failed:
+            df = df[df["status"] == "ok"]
+        table = aggregate(df, a.by, a.metric)
+        comparison = None
+        if a.baseline is not None:
+            base = _parse_value(a.baseline)
+            if base not in set(df[a.by[0]]):  # "0.15" may be a string column (mask.unit=word ...)
+                base = a.baseline
+            comparison = compare(df, a.by[0], base, a.metric[0], pair_on=a.pair_on)
+    except (NoRunsError, KeyError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    with pd.option_context("display.width", 160, "display.max_columns", 50, "display.float_format", "{:.4f}".format):
+        print(f"{len(df)} runs from {a.source}" + (f" ({df.attrs['n_skipped']} unreadable, skipped)"
+                                                   if df.attrs.get("n_skipped") else ""))
+        print(table.to_string())
+        if comparison is not None:
+            print(f"\npaired on {a.pair_on}, against {a.by[0]}={a.baseline}:")
+            print(comparison.to_string())
+    if a.csv:
+        table.to_csv(a.csv)
+        if comparison is not None:
+            comparison.to_csv(Path(a.csv).with_suffix(".compare.csv"))
+    if a.png:
+        ax = plot_metric(df, a.by[0], a.metric[0], hue=a.hue)
+        ax.figure.tight_layout()
+        ax.figure.savefig(a.png, dpi=120)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -32,8 +32,8 @@ def test_multirun_two_jobs(tmp_path, cache_dir):
                  f"hydra.sweep.dir={sweep}"], cache_dir)
     assert p.returncode == 0, p.stderr[-3000:]
     df = load_runs(sweep)
-    assert sorted(df["config.mask.rate"]) == [0.1, 0.3]
-    by_rate = df.set_index("config.mask.rate")["train/selected_frac"]
+    assert sorted(df["mask.rate"]) == [0.1, 0.3]
+    by_rate = df.set_index("mask.rate")["train/selected_frac"]
     assert abs(by_rate[0.1] - 0.1) < 0.03 and abs(by_rate[0.3] - 0.3) < 0.03  # realized corruption telemetry
     groups = set()
     for job in df["run_dir"]:
@@ -50,7 +50,7 @@ def test_failing_job_does_not_stop_the_sweep(tmp_path, cache_dir):
     p = run_cli(["-m", "debug=fast", "downstream=none", "mask.rate=1.5,0.2", f"hydra.sweep.dir={sweep}"], cache_dir)
     assert p.returncode != 0  # the sweep reports the failure ...
     assert "mask.rate=1.5 must be in the open interval (0, 1)" in p.stderr
-    df = load_runs(sweep, include_failed=True).set_index("config.mask.rate")
+    df = load_runs(sweep, include_failed=True).set_index("mask.rate")
     assert df.loc[1.5, "status"] == "failed" and df.loc[0.2, "status"] == "ok"  # ... after running the other job
 
 

@@ -39,7 +39,7 @@ def test_results_json(job):
     assert r["versions"]["torch"] and r["versions"]["pytorch-lightning"]
     assert (out / "checkpoints" / "last.ckpt").exists()
     df = load_runs(out)
-    assert len(df) == 1 and df.loc[0, "config.mask.rate"] == cfg.mask.rate
+    assert len(df) == 1 and df.loc[0, "mask.rate"] == cfg.mask.rate
 
 
 def test_offline_wandb_run_is_complete_and_readable(job):
