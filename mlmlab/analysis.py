@@ -101,7 +101,8 @@ def _from_dir(root: Path, kind: str, job_type: str) -> tuple[list[dict], list[tu
                 continue
             rows.append(_row_from_results(path.parent, r))
     if kind in ("auto", "wandb"):
-        for run_dir in sorted(root.rglob("offline-run-*")):
+        latest: dict[str, dict] = {}  # a job run again (skip_completed, a rerun) has several W&B runs: keep the last,
+        for run_dir in sorted(root.rglob("offline-run-*")):  # preferring finished ones (names sort by start time)
             job_dir = run_dir.parent.parent  # <job dir>/wandb/offline-run-*
             if kind == "auto" and job_dir in with_results:
                 continue
@@ -112,8 +113,11 @@ def _from_dir(root: Path, kind: str, job_type: str) -> tuple[list[dict], list[tu
                 continue
             if info["run"].get("job_type", job_type) != job_type:
                 continue
-            rows.append(_row_from_wandb(str(job_dir), info["config"], info["summary"], info["exit_code"],
-                                        info["run"]))
+            row = _row_from_wandb(str(job_dir), info["config"], info["summary"], info["exit_code"], info["run"])
+            prev = latest.get(row["run_dir"])
+            if prev is None or row["status"] == "ok" or prev["status"] != "ok":
+                latest[row["run_dir"]] = row
+        rows.extend(latest.values())
     if kind == "results" and not results:
         raise NoRunsError(f"{root}: no results.json below it")
     return rows, skipped

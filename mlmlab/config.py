@@ -242,6 +242,7 @@ class PathsConfig:
 @dataclass
 class TrainConfig:
     seed: int = 0
+    skip_completed: bool = False  # re-running a sweep: jobs with a complete results.json of the same config are skipped
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -276,6 +277,8 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("data_file", _data_file)
     if not OmegaConf.has_resolver("job_subdir"):
         OmegaConf.register_new_resolver("job_subdir", job_subdir)
+    if not OmegaConf.has_resolver("mlmlab_sweeps"):  # hydra.searchpath: `+sweep=<name>` finds sweeps/sweep/<name>.yaml
+        OmegaConf.register_new_resolver("mlmlab_sweeps", lambda: str(Path(__file__).resolve().parents[1] / "sweeps"))
 
 
 def job_subdir(num, override_dirname: str, limit: int = 120) -> str:

@@ -80,8 +80,41 @@ def trainer_kwargs(cfg: DictConfig) -> dict:
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
-    """Run one job; returns its metrics. Writes ``results.json`` (ok or failed) and finishes W&B whatever happens."""
+    """Run one job; returns its metrics. Writes ``results.json`` (ok or failed) and finishes W&B whatever happens.
+    ``skip_completed=true``: a job whose output dir already holds a complete record of the same config returns that
+    record's metrics without running (re-running a sweep reruns only its failed, partial or changed jobs)."""
+    if cfg.get("skip_completed"):
+        done = completed_metrics(cfg)
+        if done is not None:
+            return done
     return run_job(cfg, validate, _run)
+
+
+def completed_metrics(cfg: DictConfig) -> dict[str, float] | None:
+    """The metrics of ``<paths.output_dir>/results.json`` if it is a finished run of this same config, else None."""
+    import json
+
+    path = Path(cfg.paths.output_dir).expanduser() / "results.json"
+    if not path.exists():
+        return None
+    try:
+        r = json.loads(path.read_text())
+        now = to_container(cfg)
+    except Exception as e:  # a truncated record (results.json is written atomically, so only by hand) or a bad config
+        log.warning("skip_completed: %s is not readable (%s); running the job", path, e)
+        return None
+    if r.get("status") != "ok" or "downstream/score" not in (r.get("metrics") or {}):
+        log.info("skip_completed: %s is %s; running the job again", path, r.get("status"))
+        return None
+    ignore = ("paths", "skip_completed")
+    before = {k: v for k, v in (r.get("config") or {}).items() if k not in ignore}
+    changed = sorted(k for k in set(before) | set(now) if k not in ignore and before.get(k) != now.get(k))
+    if changed:
+        log.warning("skip_completed: %s was run with a different config (%s differ); running the job again", path,
+                    ", ".join(changed))
+        return None
+    log.info("skip_completed: %s is complete; not running this job again", path)
+    return r["metrics"]
 
 
 def run_job(cfg: DictConfig, check, body) -> dict[str, float]:
