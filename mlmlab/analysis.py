@@ -258,7 +258,8 @@ def compare(df: pd.DataFrame, by: str, baseline, metric: str = DEFAULT_METRIC, p
         rows.append({by: value, "n": n, "mean": float(pair[value].mean()), "baseline": float(pair[baseline].mean()),
                      "diff": float(d.mean()) if n else float("nan"), "diff_std": sd, "diff_ci95": t_ci(sd, n, level),
                      "p_value": p})
-    return pd.DataFrame(rows).set_index(by)
+    cols = [by, "n", "mean", "baseline", "diff", "diff_std", "diff_ci95", "p_value"]
+    return pd.DataFrame(rows, columns=cols).set_index(by)  # empty (with these columns) if only the baseline ran
 
 
 # ---------------------------------------------------------------------------------------------------------- plots
@@ -267,10 +268,7 @@ def compare(df: pd.DataFrame, by: str, baseline, metric: str = DEFAULT_METRIC, p
 def plot_metric(df: pd.DataFrame, x: str, metric: str = DEFAULT_METRIC, hue: str | None = None, ax=None,
                 level: float = 0.95):
     """``metric`` against ``x`` (mean over seeds), a line per ``hue`` value, with the t confidence band."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # the notebook's inline backend there, headless Agg elsewhere
 
     ax = ax or plt.subplots(figsize=(5, 3.5))[1]
     groups = [(None, df)] if hue is None else sorted(df.groupby(_columns(df, hue)[0]), key=lambda kv: str(kv[0]))
@@ -295,10 +293,7 @@ def plot_metric(df: pd.DataFrame, x: str, metric: str = DEFAULT_METRIC, hue: str
 def plot_history(history: pd.DataFrame, runs: pd.DataFrame, key: str, by: str, ax=None):
     """A logged curve (``train/mask_rate``, ``val/mlm_loss_r15`` ...) against step: mean over the runs of each
     ``by`` group (``runs`` from ``load_runs``, joined on ``run_dir``)."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # the notebook's inline backend there, headless Agg elsewhere
 
     ax = ax or plt.subplots(figsize=(5, 3.5))[1]
     h = history.dropna(subset=[key]).merge(runs[["run_dir", by]], on="run_dir")
@@ -435,6 +430,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if comparison is not None:
             comparison.to_csv(Path(a.csv).with_suffix(".compare.csv"))
     if a.png:
+        import matplotlib
+
+        matplotlib.use("Agg")
         ax = plot_metric(df, a.by[0], a.metric[0], hue=a.hue)
         ax.figure.tight_layout()
         ax.figure.savefig(a.png, dpi=120)

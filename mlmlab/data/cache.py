@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -16,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from filelock import FileLock
+
+log = logging.getLogger(__name__)
 
 
 def config_hash(obj) -> str:
@@ -46,4 +49,5 @@ def cached_file(cache_dir: str | Path, kind: str, key: dict, filename: str, buil
                 raise
             (d / "key.json").write_text(json.dumps(key, indent=2, sort_keys=True, default=str))
             os.replace(tmp, target)
+            log.info("cache: built %s/%s/%s (pid %d)", kind, d.name, filename, os.getpid())
     return target

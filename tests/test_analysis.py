@@ -1,0 +1,126 @@
+"""mlmlab.analysis: statistics against hand-computed values, loading from results.json and offline W&B (they agree),
+unreadable records skipped and counted, clear errors, the CLI, and the analysis/ notebooks executed on a real sweep."""
+
+import json
+import math
+import shutil
+
+import pandas as pd
+import pytest
+from conftest import ROOT
+
+from mlmlab import analysis as A
+
+
+def frame(values: dict) -> pd.DataFrame:
+    return pd.DataFrame([{"mask.rate": r, "seed": s, "downstream/score": v}
+                         for r, vs in values.items() for s, v in enumerate(vs)])
+
+
+def test_aggregate_mean_std_and_t_interval():
+    t = A.aggregate(frame({0.15: [1.0, 2.0, 3.0], 0.4: [5.0, 5.0]}), by="mask.rate")
+    assert t.loc[0.15, "n"] == 3 and t.loc[0.15, "mean"] == 2.0 and t.loc[0.15, "std"] == 1.0
+    # t_{0.975, 2} = 4.302653 (tables); half-width = 4.302653 * 1 / sqrt(3)
+    assert t.loc[0.15, "ci95"] == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
+    assert t.loc[0.4, "std"] == 0.0 and t.loc[0.4, "ci95"] == 0.0
+    one = A.aggregate(frame({0.15: [1.0]}), by="mask.rate")
+    assert one.loc[0.15, "n"] == 1 and math.isnan(one.loc[0.15, "ci95"])  # no interval from one seed
+    both = A.aggregate(frame({0.15: [1.0, 2.0]}).assign(x=[3.0, 5.0]), by="mask.rate", metric=["downstream/score", "x"])
+    assert both[("x", "mean")].iloc[0] == 4.0
+
+
+def test_compare_pairs_by_seed_with_a_paired_t_test():
+    # differences 0.1, 0.2, 0.3: mean 0.2, sd 0.1, t = 0.2 / (0.1 / sqrt 3) = 3.4641, two-sided p (2 dof) = 0.07418
+    df = frame({0.15: [0.50, 0.60, 0.70], 0.4: [0.60, 0.80, 1.00]})
+    c = A.compare(df, by="mask.rate", baseline=0.15)
+    row = c.loc[0.4]
+    assert row["n"] == 3 and row["diff"] == pytest.approx(0.2) and row["diff_std"] == pytest.approx(0.1)
+    assert row["p_value"] == pytest.approx(0.07418, abs=1e-4)
+    assert row["diff_ci95"] == pytest.approx(4.302653 * 0.1 / math.sqrt(3), rel=1e-5)
+    # unpaired rows (a seed only one side ran) are left out of the pairs
+    c2 = A.compare(pd.concat([df, frame({0.4: [0, 0, 0, 9.0]}).iloc[3:]]), by="mask.rate", baseline=0.15)
+    assert c2.loc[0.4, "n"] == 3
+    with pytest.raises(ValueError, match="baseline mask.rate=0.2 is not among the runs"):
+        A.compare(df, by="mask.rate", baseline=0.2)
+    with pytest.raises(KeyError, match="no column"):
+        A.aggregate(df, by="mask.rat")
+
+
+def test_load_runs_from_results_and_offline_wandb_agree(tiny_sweep):
+    local = A.load_runs(tiny_sweep).sort_values("run_dir").reset_index(drop=True)
+    wb = A.load_runs(tiny_sweep, source_kind="wandb").sort_values("run_dir").reset_index(drop=True)
+    assert len(local) == len(wb) == 4 and list(local["run_dir"]) == list(wb["run_dir"])
+    for col in ("mask.rate", "seed", "mask.replace.random", "model.hidden_size", "downstream/score",
+                "val/mlm_loss_r15", "train/selected_frac", "downstream/builtin_sentiment/acc"):
+        assert list(local[col]) == pytest.approx(list(wb[col])), col
+    assert local.attrs["n_skipped"] == 0 and set(wb["wandb.group"]) == {"wettig_rates"}
+    agg = A.aggregate(local, by="mask.rate", metric="train/selected_frac")
+    assert abs(agg.loc[0.4, "mean"] - 0.4) < 0.03 and abs(agg.loc[0.15, "mean"] - 0.15) < 0.03
+
+
+def test_unreadable_records_are_skipped_and_counted(tiny_sweep, tmp_path):
+    copy = tmp_path / "sweep"
+    shutil.copytree(tiny_sweep, copy)
+    jobs = sorted(p for p in copy.iterdir() if p.is_dir())
+    text = (jobs[0] / "results.json").read_text()
+    (jobs[0] / "results.json").write_text(text[:100])  # a truncated record
+    df = A.load_runs(copy, source_kind="results")
+    assert len(df) == 3 and df.attrs["n_skipped"] == 1 and df.attrs["skipped"][0]["path"].startswith(str(jobs[0]))
+    auto = A.load_runs(copy)  # auto: that job's offline W&B run is not used instead of an unreadable record
+    assert len(auto) == 3
+    r = json.loads((jobs[1] / "results.json").read_text())
+    (jobs[1] / "results.json").write_text(json.dumps({**r, "status": "failed"}))
+    assert len(A.load_runs(copy, source_kind="results")) == 2
+    assert A.load_runs(copy, source_kind="results", include_failed=True).attrs["n_failed"] == 1
+
+
+def test_no_runs_is_an_error_not_an_empty_frame(tmp_path):
+    with pytest.raises(A.NoRunsError, match="does not exist"):
+        A.load_runs(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(A.NoRunsError, match="no runs"):
+        A.load_runs(tmp_path / "empty")
+    with pytest.raises(A.NoRunsError, match="no results.json"):
+        A.load_runs(tmp_path / "empty", source_kind="results")
+    with pytest.raises(ValueError, match="allowed: auto, results, wandb"):
+        A.load_runs(tmp_path, source_kind="csv")
+
+
+def test_history_curves(tiny_sweep):
+    runs = A.load_runs(tiny_sweep)
+    h = A.load_history(tiny_sweep, ["train/mask_rate", "val/mlm_loss_r15"])
+    rates = h.dropna(subset=["train/mask_rate"]).merge(runs[["run_dir", "mask.rate"]], on="run_dir")
+    assert list(rates["train/mask_rate"]) == pytest.approx(list(rates["mask.rate"]), abs=1e-6)  # float32 logged
+    assert rates["step"].max() > 0
+    ax = A.plot_history(h, runs, "val/mlm_loss_r15", by="mask.rate")
+    assert len(ax.get_lines()) == 2
+
+
+def test_cli_prints_the_table_and_writes_csv_and_png(tiny_sweep, tmp_path, capsys):
+    csv, png = tmp_path / "t.csv", tmp_path / "t.png"
+    rc = A.main([str(tiny_sweep), "--by", "mask.rate", "--baseline", "0.15", "--csv", str(csv), "--png", str(png)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "4 runs" in out and "paired on seed" in out
+    t = pd.read_csv(csv, index_col=0)
+    assert list(t.index) == [0.15, 0.4] and (t["n"] == 2).all()
+    assert pd.read_csv(csv.with_suffix(".compare.csv"), index_col=0).loc[0.4, "n"] == 2
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert A.main([str(tmp_path / "missing"), "--by", "mask.rate"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert A.main([str(tiny_sweep), "--by", "mask.rat"]) == 2
+    assert "no column" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("notebook", sorted(p.name for p in (ROOT / "analysis").glob("*.ipynb")))
+def test_notebooks_execute(notebook, tiny_sweep, monkeypatch, tmp_path):
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("MLMLAB_SWEEP_DIR", str(tiny_sweep))
+    nb = nbformat.read(ROOT / "analysis" / notebook, as_version=4)
+    NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    text = "".join(o.get("text", "") for o in outputs)
+    assert "4 runs from" in text
+    assert any("image/png" in o.get("data", {}) for o in outputs)  # the plot was drawn

@@ -1,0 +1,220 @@
+"""sweeps/: every published-ablation sweep composes and expands to the jobs its file says; the W&B sweep YAMLs run the
+same grid; launchers (joblib for real, SLURM composed), the optuna sweeper with in-memory storage, skip_completed,
+and parallel jobs sharing one cache."""
+
+import itertools
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import CONF_DIR, ROOT, SHARED, run_cli
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep
+from omegaconf import OmegaConf
+
+from mlmlab.analysis import load_runs
+from mlmlab.config import validate
+
+SWEEPS = sorted((ROOT / "sweeps" / "sweep").glob("*.yaml"))
+NAMES = [p.stem for p in SWEEPS]
+PARSER = OverridesParser.create()
+
+
+def compose_sweep(name: str, *overrides: str, hydra_cfg: bool = True):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("train", overrides=[f"+sweep={name}", "paths.output_dir=/tmp/unused", *overrides],
+                       return_hydra_config=hydra_cfg)
+
+
+def sweep_params(cfg) -> dict:
+    """{key: parsed sweep value} of hydra.sweeper.params, whitespace in the YAML's folded strings removed."""
+    return {k: PARSER.parse_override(f"{k}={''.join(str(v).split())}").value()
+            for k, v in cfg.hydra.sweeper.params.items()}
+
+
+def test_the_published_ablations_are_all_there():
+    assert set(NAMES) >= {"devlin_ratios", "wettig_rates", "ankner_schedules", "roberta_static", "mask_units",
+                          "replacement_dist", "objectives", "optuna_schedule"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sweep_file_expands_to_the_jobs_it_says(name):
+    path = ROOT / "sweeps" / "sweep" / f"{name}.yaml"
+    header = path.read_text()
+    assert f"python -m mlmlab.train +sweep={name} -m" in header  # the one-liner is in the file ...
+    assert f"python -m mlmlab.train +sweep={name} -m" in (ROOT / "README.md").read_text()  # ... and the README
+    cfg = compose_sweep(name)
+    assert cfg.skip_completed is True and cfg.hydra.sweep.dir == f"multirun/{name}"  # a rerun resumes the sweep
+    assert cfg.logger.wandb.group == name
+    params = sweep_params(cfg)
+    if "optuna" in cfg.hydra.sweeper._target_.lower():
+        assert cfg.hydra.sweeper.storage is None and cfg.hydra.sweeper.direction == "maximize"
+        assert all(isinstance(v, (ChoiceSweep, IntervalSweep)) for v in params.values())
+        return
+    assert "seed" in params and len(params["seed"].list) >= 3  # seeds are part of every grid
+    parsed = PARSER.parse_overrides([f"{k}={''.join(str(v).split())}" for k, v in cfg.hydra.sweeper.params.items()])
+    (jobs,) = BasicSweeper.split_arguments(parsed, None)
+    assert len(jobs) == math.prod(len(v.list) for v in params.values())
+    m = re.search(r"= (\d+) jobs", header)
+    assert m and int(m.group(1)) == len(jobs), "the header's job count is wrong"
+    # every job composes, and the keys it sweeps take the values the file lists
+    seen = {k: set() for k in params}
+    for job in jobs:
+        real = name == "replacement_dist"  # reads ../shared/data: validated where it is present
+        c = compose_sweep(name, *job, *([f"paths.data_dir={SHARED}"] if real else []), hydra_cfg=False)
+        if not real or (SHARED / "finance_corpus").exists():
+            validate(c)
+        for k in params:
+            key = k.replace("/", ".")
+            node = OmegaConf.select(c, key)
+            if OmegaConf.is_config(node):  # a group choice (mask=..., mask/sampler=...) or a dict value
+                node = node.get("name", node.get("_target_")) if not k.endswith("replace") else \
+                    tuple(node[x] for x in ("mask", "random", "keep"))
+            seen[k].add(node)
+    for k, v in params.items():
+        assert len(seen[k]) == len(v.list), (k, seen[k])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_wandb_sweep_runs_the_same_grid(name):
+    w = yaml.safe_load((ROOT / "sweeps" / "wandb" / f"{name}.yaml").read_text())
+    assert "${args_no_hyphens}" in w["command"] and f"+sweep={name}" in w["command"]
+    assert w["command"][:4] == ["${env}", "${interpreter}", "-m", "mlmlab.train"]
+    params = sweep_params(compose_sweep(name))
+    assert set(w["parameters"]) == set(params)
+    for k, v in params.items():
+        wp = w["parameters"][k]
+        if isinstance(v, IntervalSweep):
+            assert (wp["min"], wp["max"]) == (v.start, v.end)
+            continue
+        want = [str(x).replace(" ", "").replace("'", "") if isinstance(x, dict) else x for x in v.list]
+        assert wp["values"] == want, k
+    if w["method"] == "grid":  # the W&B grid holds as many runs as the Hydra sweep has jobs
+        assert math.prod(len(p["values"]) for p in w["parameters"].values()) == \
+            math.prod(len(v.list) for v in params.values())
+
+
+def test_sweep_value_reaches_the_job_as_a_command_line_override():
+    """W&B's agent calls `python -m mlmlab.train +sweep=<name> key=value ...`: the swept value must win over the file."""
+    c = compose_sweep("devlin_ratios", "mask.replace={mask:0.0,random:0.8,keep:0.2}", "seed=2", hydra_cfg=False)
+    assert (c.mask.replace.mask, c.mask.replace.random, c.mask.replace.keep, c.seed) == (0.0, 0.8, 0.2, 2)
+
+
+def test_sweep_file_with_an_unknown_key_fails_before_any_job(tmp_path, cache_dir):
+    d = tmp_path / "extra" / "sweep"
+    d.mkdir(parents=True)
+    (d / "bad_key.yaml").write_text("# @package _global_\nmask:\n  rat: 0.3\n")
+    (d / "bad_param.yaml").write_text("# @package _global_\nhydra:\n  sweeper:\n    params:\n"
+                                      "      mask.rat: 0.1,0.2\n      seed: 0,1\n")
+    search = f"hydra.searchpath=[file://{tmp_path / 'extra'}]"
+    for name, msg in (("bad_key", "rat"), ("bad_param", "mask.rat")):
+        out = tmp_path / f"sweep_{name}"
+        p = run_cli(["-m", f"+sweep={name}", search, "debug=fast", f"hydra.sweep.dir={out}"], cache_dir)
+        assert p.returncode != 0 and msg in p.stderr, p.stderr[-2000:]
+        assert "not in" in p.stderr or "Could not override" in p.stderr
+        assert not list(out.rglob("results.json"))  # nothing ran
+
+
+def test_joblib_multirun_and_skip_completed(tiny_sweep, cache_dir):
+    df = load_runs(tiny_sweep)
+    assert sorted(zip(df["mask.rate"], df["seed"])) == [(0.15, 0), (0.15, 1), (0.4, 0), (0.4, 1)]
+    assert (df["status"] == "ok").all()
+    multirun = yaml.safe_load((tiny_sweep / "multirun.yaml").read_text())
+    assert multirun["hydra"]["launcher"]["_target_"].endswith("JoblibLauncher")
+    jobs = sorted(p for p in tiny_sweep.iterdir() if p.is_dir())
+    before = {j.name: json.loads((j / "results.json").read_text())["finished_at"] for j in jobs}
+
+    # rerun in a copy: one job lost its record, one has a truncated record, one failed -> those three run again
+    import shutil
+
+    again = tiny_sweep.parent / "wettig_again"
+    shutil.copytree(tiny_sweep, again)
+    jobs_again = sorted(p for p in again.iterdir() if p.is_dir())
+    (jobs_again[0] / "results.json").unlink()
+    text = (jobs_again[1] / "results.json").read_text()
+    (jobs_again[1] / "results.json").write_text(text[: len(text) // 2])
+    r = json.loads((jobs_again[2] / "results.json").read_text())
+    (jobs_again[2] / "results.json").write_text(json.dumps({**r, "status": "failed"}))
+    p = run_cli(["-m", "+sweep=wettig_rates", "mask.rate=0.15,0.4", "mask=bert", "seed=0,1", "debug=fast",
+                 f"hydra.sweep.dir={again}"], cache_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    skipped = re.findall(r"skip_completed: (.*)/results.json is complete", p.stderr + p.stdout)
+    assert [Path(s).name for s in skipped] == [jobs_again[3].name]
+    after = {j.name: json.loads((j / "results.json").read_text()) for j in jobs_again}
+    assert after[jobs_again[3].name]["finished_at"] == before[jobs[3].name]  # untouched
+    for j in jobs_again[:3]:
+        assert after[j.name]["status"] == "ok" and after[j.name]["finished_at"] != before[j.name]
+    assert len(load_runs(again)) == 4
+
+
+def test_skip_completed_reruns_a_job_whose_config_changed(tmp_path, cache_dir):
+    out = tmp_path / "job"
+    args = ["debug=fast", "downstream.tasks=[builtin_sentiment]", "skip_completed=true", f"hydra.run.dir={out}"]
+    assert run_cli(args, cache_dir).returncode == 0
+    first = json.loads((out / "results.json").read_text())["finished_at"]
+    p = run_cli([*args, "trainer.max_steps=10"], cache_dir)
+    assert p.returncode == 0 and "different config (trainer differ)" in p.stdout + p.stderr
+    r = json.loads((out / "results.json").read_text())
+    assert r["finished_at"] != first and r["config"]["trainer"]["max_steps"] == 10
+
+
+def test_optuna_sweeper_with_in_memory_storage(tmp_path, cache_dir):
+    out = tmp_path / "optuna"
+    p = run_cli(["-m", "+sweep=optuna_schedule", "hydra.sweeper.n_trials=2", "debug=fast", "downstream.tasks=[builtin_sentiment]",
+                 f"hydra.sweep.dir={out}"], cache_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    best = yaml.safe_load((out / "optimization_results.yaml").read_text())
+    assert set(best["best_params"]) == {"mask/schedule", "mask.rate"}
+    df = load_runs(out)
+    assert len(df) == 2 and df["mask.rate"].between(0.15, 0.5).all()
+
+
+@pytest.mark.parametrize("launcher", ["submitit_slurm", "slurm"])
+def test_slurm_launcher_composes(launcher):
+    from hydra.utils import get_class
+
+    c = compose_sweep("wettig_rates", f"hydra/launcher={launcher}", "hydra.launcher.partition=gpu")
+    lc = c.hydra.launcher
+    assert lc._target_.endswith("SlurmLauncher") and lc.partition == "gpu"
+    assert get_class(lc._target_).__name__ == "SlurmLauncher"
+    if launcher == "slurm":  # our preset: one task per GPU (Lightning DDP reads the SLURM env), a time limit
+        assert lc.gpus_per_node == lc.tasks_per_node and lc.timeout_min > 0
+
+
+def test_parallel_jobs_build_one_cache(tmp_path):
+    """Two jobs started together on an empty cache: the tokenizer, tokenized corpus and blocks are built once, and
+    both jobs use them (file lock + atomic rename)."""
+    cache = tmp_path / "cache"
+    env = {**os.environ, "MLMLAB_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "mlmlab.train", "debug=fast", "downstream=none",
+                               "data.n_docs=3000", f"hydra.run.dir={tmp_path / f'job{i}'}"], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    logs = ["".join(p.communicate(timeout=600)) for p in procs]  # Hydra logs to stdout
+    assert all(p.returncode == 0 for p in procs), logs[0][-2000:] + logs[1][-2000:]
+    built = [line for log in logs for line in log.splitlines() if "cache: built" in line]
+    made = [re.search(r"cache: built (\w+)/(\w+)/", line).groups() for line in built]
+    assert len(made) == len(set(made)), built  # each artefact once, whichever job won the lock
+    assert {k for k, _ in made} == {"tokenizer", "tokens", "blocks"}
+    for kind in {k for k, _ in made}:
+        assert sorted(p.name for p in (cache / kind).iterdir()) == sorted(h for k, h in made if k == kind)
+    a, b = (json.loads((tmp_path / f"job{i}" / "results.json").read_text()) for i in range(2))
+    assert a["metrics"]["val/mlm_loss_r15"] == pytest.approx(b["metrics"]["val/mlm_loss_r15"], abs=1e-6)
+
+
+def test_every_combination_of_a_grid_is_distinct():
+    for name in NAMES:
+        cfg = compose_sweep(name)
+        params = sweep_params(cfg)
+        if all(isinstance(v, ChoiceSweep) for v in params.values()):
+            combos = list(itertools.product(*[[str(x) for x in v.list] for v in params.values()]))
+            assert len(combos) == len(set(combos)), name
