@@ -124,3 +124,39 @@ def test_notebooks_execute(notebook, tiny_sweep, monkeypatch, tmp_path):
     text = "".join(o.get("text", "") for o in outputs)
     assert "4 runs from" in text
     assert any("image/png" in o.get("data", {}) for o in outputs)  # the plot was drawn
+
+
+def test_load_runs_from_the_wandb_api(monkeypatch):
+    """The API route (no server here): filters reach wandb.Api().runs, rows have the same shape as local ones."""
+    import wandb
+
+    calls = {}
+
+    class Run:
+        def __init__(self, i, state):
+            self.id, self.name, self.group, self.state = f"id{i}", f"mask.rate={i}", "wettig_rates", state
+            self.path = ["ent", "mlmlab", self.id]
+            self.config = {"mask": {"rate": 0.1 * i, "replace": {"mask": 0.8}}, "seed": i}
+            self.summary = {"downstream/score": 0.5 + i, "timings/total": 3.0, "_wandb": {"runtime": 1}}
+
+    class Api:
+        def __init__(self, timeout=None):
+            calls["timeout"] = timeout
+
+        def runs(self, path, filters=None):
+            calls["path"], calls["filters"] = path, filters
+            return [Run(1, "finished"), Run(2, "crashed")]
+
+    monkeypatch.setattr(wandb, "Api", Api)
+    df = A.load_runs("wandb:ent/mlmlab/wettig_rates", include_failed=True)
+    assert calls["path"] == "ent/mlmlab" and calls["filters"] == {"group": "wettig_rates", "jobType": "pretrain"}
+    assert list(df["status"]) == ["ok", "failed"] and list(df["mask.rate"]) == pytest.approx([0.1, 0.2])
+    assert list(df["downstream/score"]) == [1.5, 2.5] and "timings.total" in df and "_wandb" not in df
+    assert len(A.load_runs("wandb:ent/mlmlab", filters={"tags": "x"})) == 1
+
+    def down(*a, **k):
+        raise ConnectionError("no route to host")
+
+    monkeypatch.setattr(wandb, "Api", down)
+    with pytest.raises(A.NoRunsError, match="could not read runs from the W&B API"):
+        A.load_runs("wandb:ent/mlmlab")

@@ -218,3 +218,15 @@ def test_every_combination_of_a_grid_is_distinct():
         if all(isinstance(v, ChoiceSweep) for v in params.values()):
             combos = list(itertools.product(*[[str(x) for x in v.list] for v in params.values()]))
             assert len(combos) == len(set(combos)), name
+
+
+def test_submitit_launcher_runs_jobs(tmp_path, cache_dir):
+    """submitit's local executor: the same launcher code path as SLURM (pickled job, submitit folder, results
+    collected), without a cluster."""
+    out = tmp_path / "submitit"
+    p = run_cli(["-m", "debug=fast", "downstream=none", "seed=0,1", "hydra/launcher=submitit_local",
+                 "hydra.launcher.timeout_min=5", f"hydra.sweep.dir={out}"], cache_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    df = load_runs(out)
+    assert sorted(df["seed"]) == [0, 1] and (df["status"] == "ok").all()
+    assert list((out / ".submitit").iterdir())  # submitit's job folders: it really went through submitit
