@@ -456,7 +456,7 @@ def test_sampler_yamls_instantiate(run_data, tmp_path):
     ctx = vocab_stats.make_sampler_context(cfg, tok, blocks)
     terms = tmp_path / "terms.txt"
     terms.write_text("the\nand\n", encoding="utf-8")
-    paths = sorted(SAMPLER_CONF.glob("*.yaml"))
+    paths = sorted(p for p in SAMPLER_CONF.glob("*.yaml") if "defaults" not in OmegaConf.load(p))  # presets: below
     assert [p.stem for p in paths] == ["domain", "uniform", "unigram"]
     for p in paths:
         node = OmegaConf.load(p)
@@ -487,3 +487,18 @@ def test_composed_config_sampler_group_instantiates(cfg_factory, tmp_path, name)
     tok, blocks = get_blocks(cfg)
     s = instantiate(cfg.mask.sampler, ctx=vocab_stats.make_sampler_context(cfg, tok, blocks))
     assert s.name == name and (s.probs[list(SPECIAL)] == 0).all()
+
+
+def test_domain_finance_preset(cfg_factory, tmp_path):
+    """``mask/sampler=domain_finance``: the domain sampler with its vocabulary derived from ../shared/data's finance news."""
+    from conftest import SHARED
+
+    from mlmlab.data.corpus import get_blocks
+
+    if not (SHARED / "finance_corpus" / "train.txt").exists():
+        pytest.skip(f"no finance corpus under {SHARED}")
+    cfg = cfg_factory("mask/sampler=domain_finance", f"paths.data_dir={SHARED}")
+    assert cfg.mask.sampler.corpus == str(SHARED / "finance_corpus" / "train.txt")
+    tok, blocks = get_blocks(cfg)
+    s = instantiate(cfg.mask.sampler, _partial_=True)(ctx=vocab_stats.make_sampler_context(cfg, tok, blocks))
+    assert s.name == "domain" and 0 < int((s.probs > 0).sum()) < tok.get_vocab_size()
