@@ -1,0 +1,293 @@
+"""One optimizer step (forward + backward + AdamW) of mlmlab's encoder + sparse MLM head vs transformers'
+``BertForMaskedLM`` at the same shapes, on the same masked batch, from the same weights.
+
+Reports tokens/s (batch x seq / median step time after warmup), the ratio ours/HF, FLOPs per step (the analytical
+count of ``mlmlab.flops`` and torch's ``FlopCounterMode`` on one step) and model FLOPs utilisation against a fp32
+matmul peak measured in the same run. ``--compile`` and ``--bf16`` add rows for our model.
+
+    python benchmarks/bench_step.py                  # full: vocab 8192 and 30522, ~2-3 min on 2 idle cores
+    python benchmarks/bench_step.py --quick --out /tmp/bench   # tiny shapes, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+
+import torch
+from _common import format_table, machine, versions, write_result
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from mlmlab.flops import encoder_forward_flops, mlm_head_forward_flops
+from mlmlab.lit.optim import adamw_with_schedule
+from mlmlab.models.encoder import IGNORE_INDEX, BertForMLM, EncoderConfig
+
+FULL = {"shape": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "intermediate_size": 1024},
+        "vocab": [8192, 30522], "batch": 32, "seq": 128, "warmup": 3, "iters": 10, "matmul_size": 4096}
+QUICK = {"shape": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 256},
+         "vocab": [512, 2048], "batch": 4, "seq": 32, "warmup": 1, "iters": 3, "matmul_size": 1024}
+# the optimizer of conf/optim/adamw.yaml (the schedule's values only change the learning rate, not the cost)
+OPTIM = {"lr": 1e-3, "weight_decay": 0.01, "betas": (0.9, 0.98), "eps": 1e-6, "warmup": 40, "total": 400}
+TARGETS = {"speedup_vs_hf": {8192: 1.8, 30522: 3.0}, "mfu": 0.6}  # reported, never asserted
+MASK_ID = 4
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny shapes and few iterations (a smoke run, seconds)")
+    p.add_argument("--vocab", type=int, nargs="+", help="vocabulary sizes (default 8192 30522)")
+    p.add_argument("--batch", type=int)
+    p.add_argument("--seq", type=int)
+    p.add_argument("--warmup", type=int, help="untimed steps before the timed ones")
+    p.add_argument("--iters", type=int, help="timed steps (the median is reported)")
+    p.add_argument("--matmul-size", type=int, help="n of the n x n fp32 matmul that sets the peak (default 4096)")
+    p.add_argument("--mask-frac", type=float, default=0.15, help="fraction of positions masked (exact count)")
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compile", action="store_true", help="add a row: our step with torch.compile")
+    p.add_argument("--bf16", action="store_true", help="add a row: our step under CPU bf16 autocast")
+    p.add_argument("--no-hf", action="store_true", help="skip transformers' model (no ratio)")
+    p.add_argument("--out", help="result file or directory (default benchmarks/results/bench_step.json)")
+    args = p.parse_args(argv)
+    preset = QUICK if args.quick else FULL
+    for k in ("vocab", "batch", "seq", "warmup", "iters", "matmul_size"):
+        if getattr(args, k) is None:
+            setattr(args, k, preset[k])
+    args.shape = preset["shape"]
+    return args
+
+
+# --------------------------------------------------------------------------------------------------------- models
+def build_models(shape: dict, vocab: int, seq: int, seed: int, with_hf: bool):
+    """Ours from ``seed``; HF's BertForMaskedLM with the same config, loaded with our weights (strict)."""
+    cfg = EncoderConfig(vocab_size=vocab, max_position_embeddings=max(512, seq), **shape)
+    torch.manual_seed(seed)
+    ours = BertForMLM(cfg)
+    if not with_hf:
+        return cfg, ours, None
+    import transformers
+
+    hc = transformers.BertConfig(vocab_size=vocab, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+                                 num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
+                                 max_position_embeddings=cfg.max_position_embeddings,
+                                 type_vocab_size=cfg.type_vocab_size, layer_norm_eps=cfg.layer_norm_eps,
+                                 hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.attention_dropout,
+                                 initializer_range=cfg.initializer_range, hidden_act="gelu",
+                                 attn_implementation="sdpa")
+    hf = transformers.BertForMaskedLM(hc)
+    hf.load_state_dict(ours.state_dict(), strict=True)
+    return cfg, ours, hf
+
+
+def n_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())  # parameters() yields a tied tensor once
+
+
+def make_batch(vocab: int, batch: int, seq: int, frac: float, seed: int) -> dict:
+    """Random ids; exactly round(frac x batch x seq) positions masked ([MASK]), labels -100 elsewhere."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (batch, seq), generator=g)
+    n = round(frac * batch * seq)
+    sel = torch.zeros(batch * seq, dtype=torch.bool)
+    sel[torch.randperm(batch * seq, generator=g)[:n]] = True
+    sel = sel.view(batch, seq)
+    return {"input_ids": torch.where(sel, MASK_ID, ids), "attention_mask": torch.ones_like(ids),
+            "labels": torch.where(sel, ids, IGNORE_INDEX), "n_masked": n}
+
+
+def ours_loss(model, b):
+    """What MLMModule.training_step does: the sparse head runs on the labelled positions only."""
+    return model.mlm_loss(b["input_ids"], b["attention_mask"], b["labels"])[0]
+
+
+def hf_loss(model, b):
+    """HF's normal path: the decoder on every position, cross-entropy with ignore_index -100."""
+    return model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"]).loss
+
+
+def parity(ours, hf, b) -> dict:
+    ours_tied = ours.cls.predictions.decoder.weight is ours.bert.embeddings.word_embeddings.weight
+    out = {"params_ours": n_params(ours), "params_hf": None if hf is None else n_params(hf), "ours_tied": ours_tied}
+    if hf is None:
+        return out
+    ours.eval(), hf.eval()
+    with torch.no_grad():
+        la, lb = ours_loss(ours, b).item(), hf_loss(hf, b).item()
+    ours.train(), hf.train()
+    out.update({"same_param_count": out["params_ours"] == out["params_hf"],
+                "hf_tied": hf.cls.predictions.decoder.weight is hf.bert.embeddings.word_embeddings.weight,
+                "loss_ours": la, "loss_hf": lb, "loss_abs_diff": abs(la - lb)})
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------- FLOPs
+def analytic_flops(cfg: EncoderConfig, batch: int, seq: int, n_predicted: int) -> float:
+    """mlmlab.flops' training FLOPs (3 x forward): encoder + MLM head on ``n_predicted`` positions."""
+    enc = encoder_forward_flops(batch, seq, cfg.hidden_size, cfg.num_layers, cfg.intermediate_size)
+    return 3.0 * (enc + mlm_head_forward_flops(n_predicted, cfg.hidden_size, cfg.vocab_size))
+
+
+def counted_flops(model, loss_fn, b) -> int:
+    """FlopCounterMode on one forward + backward. The math SDPA backend decomposes attention into bmm, which the
+    counter sees (it has no formula for the fused CPU kernel). The optimizer adds no matmul FLOPs."""
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as fc:
+        loss_fn(model, b).backward()
+    model.zero_grad(set_to_none=True)
+    return fc.get_total_flops()
+
+
+def matmul_peak(n: int, reps: int = 5) -> dict:
+    """fp32 n x n matmul: peak FLOP/s = 2 n^3 / (best time of ``reps``), after one warm-up."""
+    a, c = torch.randn(n, n), torch.empty(n, n)
+    bm = torch.randn(n, n)
+    torch.mm(a, bm, out=c)
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        torch.mm(a, bm, out=c)
+        times.append(time.perf_counter() - t)
+    return {"n": n, "best_s": min(times), "median_s": statistics.median(times),
+            "flops_per_s": 2 * n**3 / min(times), "flops_per_s_median": 2 * n**3 / statistics.median(times)}
+
+
+# --------------------------------------------------------------------------------------------------------- timing
+def time_steps(model, loss_fn, b, warmup: int, iters: int, autocast: bool = False) -> dict:
+    """``warmup + iters`` full steps (zero_grad, forward, backward, AdamW + scheduler); medians of the timed ones."""
+    model.train()
+    opt_d = adamw_with_schedule(model, OPTIM["lr"], OPTIM["weight_decay"], OPTIM["betas"], OPTIM["eps"],
+                                OPTIM["warmup"], OPTIM["total"])
+    opt, sched = opt_d["optimizer"], opt_d["lr_scheduler"]["scheduler"]
+    ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if autocast else contextlib.nullcontext
+    phases: dict[str, list[float]] = {"fwd": [], "bwd": [], "opt": [], "step": []}
+    first = None
+    for i in range(warmup + iters):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with ctx():
+            loss = loss_fn(model, b)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        opt.step()
+        sched.step()
+        t3 = time.perf_counter()
+        if i == 0:
+            first = t3 - t0
+        if i >= warmup:
+            for k, v in zip(("fwd", "bwd", "opt", "step"), (t1 - t0, t2 - t1, t3 - t2, t3 - t0)):
+                phases[k].append(v)
+    if not torch.isfinite(loss):
+        raise RuntimeError(f"non-finite loss {loss.item()}")
+    out = {f"{k}_s": statistics.median(v) for k, v in phases.items()}
+    out.update({"step_s_min": min(phases["step"]), "step_s_max": max(phases["step"]), "first_step_s": first,
+                "final_loss": loss.item()})
+    return out
+
+
+def optimizer_info(model) -> dict:
+    opt = adamw_with_schedule(model, OPTIM["lr"], OPTIM["weight_decay"], OPTIM["betas"], OPTIM["eps"],
+                              OPTIM["warmup"], OPTIM["total"])["optimizer"]
+    d = opt.defaults
+    return {"class": type(opt).__name__, "foreach": d.get("foreach"), "fused": d.get("fused"), **OPTIM,
+            "note": "foreach=None and fused=None: on CPU torch uses the single-tensor for-loop implementation"}
+
+
+def row(name, vocab, timing, tokens, flops_analytic, flops_counted) -> dict:
+    step = timing["step_s"]
+    return {"model": name, "vocab": vocab, **timing, "tokens_per_s": tokens / step,
+            "flops_analytic": flops_analytic, "flops_counted": flops_counted,
+            "achieved_flops_s_counted": flops_counted / step, "achieved_flops_s_analytic": flops_analytic / step}
+
+
+# --------------------------------------------------------------------------------------------------------- main
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    tokens = args.batch * args.seq
+    peak_before = matmul_peak(args.matmul_size)
+    print(f"matmul peak ({args.matmul_size}^3 fp32, {args.threads} threads): {peak_before['flops_per_s'] / 1e9:.1f} "
+          "GFLOP/s", flush=True)
+    rows, parities, opt_info = [], {}, None
+    for vocab in args.vocab:
+        cfg, ours, hf = build_models(args.shape, vocab, args.seq, args.seed, not args.no_hf)
+        b = make_batch(vocab, args.batch, args.seq, args.mask_frac, args.seed)
+        parities[vocab] = parity(ours, hf, b)
+        opt_info = opt_info or optimizer_info(ours)
+        fa_ours = analytic_flops(cfg, args.batch, args.seq, b["n_masked"])
+        fc_ours = counted_flops(ours, ours_loss, b)
+        t = time_steps(ours, ours_loss, b, args.warmup, args.iters)
+        rows.append(row("ours", vocab, t, tokens, fa_ours, fc_ours))
+        print(f"vocab {vocab}: ours {tokens / t['step_s']:.0f} tok/s", flush=True)
+        if hf is not None:
+            fa_hf = analytic_flops(cfg, args.batch, args.seq, tokens)  # the decoder on every position
+            fc_hf = counted_flops(hf, hf_loss, b)
+            t = time_steps(hf, hf_loss, b, args.warmup, args.iters)
+            rows.append(row("hf", vocab, t, tokens, fa_hf, fc_hf))
+            print(f"vocab {vocab}: hf   {tokens / t['step_s']:.0f} tok/s", flush=True)
+            del hf
+        if args.bf16:
+            _, m, _ = build_models(args.shape, vocab, args.seq, args.seed, False)
+            t = time_steps(m, ours_loss, b, args.warmup, args.iters, autocast=True)
+            rows.append(row("ours+bf16", vocab, t, tokens, fa_ours, fc_ours))
+            print(f"vocab {vocab}: ours+bf16 {tokens / t['step_s']:.0f} tok/s", flush=True)
+        if args.compile:
+            _, m, _ = build_models(args.shape, vocab, args.seq, args.seed, False)
+            step_fn = torch.compile(ours_loss)
+            t = time_steps(m, step_fn, b, max(args.warmup, 2), args.iters)
+            t["compile_note"] = "first_step_s includes compilation"
+            rows.append(row("ours+compile", vocab, t, tokens, fa_ours, fc_ours))
+            print(f"vocab {vocab}: ours+compile {tokens / t['step_s']:.0f} tok/s", flush=True)
+    peak_after = matmul_peak(args.matmul_size)
+    peak = max(peak_before["flops_per_s"], peak_after["flops_per_s"])  # the higher one: a conservative MFU
+
+    hf_tps = {r["vocab"]: r["tokens_per_s"] for r in rows if r["model"] == "hf"}
+    for r in rows:
+        r["mfu_counted"] = r["achieved_flops_s_counted"] / peak
+        r["mfu_analytic"] = r["achieved_flops_s_analytic"] / peak
+        r["speedup_vs_hf"] = r["tokens_per_s"] / hf_tps[r["vocab"]] if r["vocab"] in hf_tps else None
+        target = TARGETS["speedup_vs_hf"].get(r["vocab"]) if r["model"] != "hf" else None
+        r["target_speedup_vs_hf"] = target
+        r["meets_speedup_target"] = None if target is None or r["speedup_vs_hf"] is None else r["speedup_vs_hf"] >= target
+        r["meets_mfu_target"] = r["mfu_counted"] >= TARGETS["mfu"] if r["model"] != "hf" else None
+
+    settings = {k: getattr(args, k) for k in ("quick", "vocab", "batch", "seq", "warmup", "iters", "matmul_size",
+                                              "mask_frac", "threads", "seed", "compile", "bf16")}
+    settings.update({"shape": args.shape, "dtype": "float32", "optimizer": opt_info,
+                     "timed": "median of the timed steps: zero_grad + forward + loss + backward + AdamW + LR scheduler",
+                     "mfu": "FLOPs per step / median step time / matmul peak (the higher of the peaks measured before and after)"})
+    payload = {"machine": machine(), "versions": versions(), "settings": settings,
+               "results": {"matmul_peak": {"before": peak_before, "after": peak_after, "used_flops_per_s": peak}, "parity": parities,
+                           "rows": rows, "targets": TARGETS}}
+    path = write_result("bench_step", payload, args.out)
+    print_summary(rows, parities, peak_before, peak_after)
+    print(f"wrote {path}")
+    return payload
+
+
+def print_summary(rows, parities, peak_before, peak_after) -> None:
+    table = [{**r, "step_ms": 1e3 * r["step_s"], "fwd_ms": 1e3 * r["fwd_s"], "bwd_ms": 1e3 * r["bwd_s"],
+              "opt_ms": 1e3 * r["opt_s"], "gflop": r["flops_counted"] / 1e9,
+              "gflops_s": r["achieved_flops_s_counted"] / 1e9, "mfu_c": 100 * r["mfu_counted"],
+              "mfu_a": 100 * r["mfu_analytic"]} for r in rows]
+    cols = [("vocab", "vocab", "d"), ("model", "model", "s"), ("step_ms", "step ms", ".0f"), ("fwd_ms", "fwd", ".0f"),
+            ("bwd_ms", "bwd", ".0f"), ("opt_ms", "opt", ".0f"), ("tokens_per_s", "tok/s", ".0f"),
+            ("speedup_vs_hf", "x HF", ".2f"), ("gflop", "GFLOP/step", ".2f"), ("gflops_s", "GFLOP/s", ".1f"),
+            ("mfu_c", "MFU% cnt", ".1f"), ("mfu_a", "MFU% ana", ".1f")]
+    print()
+    print(format_table(table, cols))
+    print(f"matmul peak: {peak_before['flops_per_s'] / 1e9:.1f} GFLOP/s before, "
+          f"{peak_after['flops_per_s'] / 1e9:.1f} after (MFU uses the higher)")
+    for v, p in parities.items():
+        if p.get("params_hf") is None:
+            print(f"parity vocab {v}: params ours {p['params_ours']:,} (no HF model)")
+            continue
+        print(f"parity vocab {v}: params ours {p['params_ours']:,} hf {p['params_hf']:,}, decoder tied "
+              f"{p['ours_tied']}/{p['hf_tied']}; same weights, eval loss |ours - hf| = {p['loss_abs_diff']:.2e}")
+    print(f"targets (not asserted): >= {TARGETS['speedup_vs_hf']} x HF by vocab, MFU >= {100 * TARGETS['mfu']:.0f}%")
+
+
+if __name__ == "__main__":
+    main()
