@@ -146,7 +146,9 @@ def _row_from_wandb(run_dir: str, config: dict, summary: dict, exit_code, run: d
     return row
 
 
-def _from_api(path: str, job_type: str, filters: dict | None) -> list[dict]:
+def _api_runs(path: str, job_type: str, filters: dict | None = None):
+    """The W&B API's runs of ``<entity>/<project>[/<group>]`` with ``job_type`` (and ``filters``); NoRunsError, not a
+    deep stack, when there is no key or no server."""
     import wandb
 
     parts = path.strip("/").split("/")
@@ -158,17 +160,17 @@ def _from_api(path: str, job_type: str, filters: dict | None) -> list[dict]:
     if job_type:
         f.setdefault("jobType", job_type)
     try:
-        runs = wandb.Api(timeout=30).runs(f"{parts[0]}/{parts[1]}", filters=f)
-        out = []
-        for run in runs:
-            state = {"finished": 0, "running": None}.get(run.state, 1)
-            out.append(_row_from_wandb(f"wandb:{run.path and '/'.join(run.path)}", dict(run.config),
-                                       dict(run.summary), state,
-                                       {"id": run.id, "name": run.name, "group": run.group}))
-        return out
-    except Exception as e:  # no key, no server: say so instead of a deep stack
+        return list(wandb.Api(timeout=30).runs(f"{parts[0]}/{parts[1]}", filters=f))
+    except Exception as e:
         raise NoRunsError(f"wandb:{path}: could not read runs from the W&B API ({type(e).__name__}: {e}); "
                           "read local job dirs instead: load_runs(<sweep dir>)") from e
+
+
+def _from_api(path: str, job_type: str, filters: dict | None) -> list[dict]:
+    return [_row_from_wandb("wandb:" + "/".join(run.path), dict(run.config), dict(run.summary),
+                            {"finished": 0, "running": None}.get(run.state, 1),
+                            {"id": run.id, "name": run.name, "group": run.group})
+            for run in _api_runs(path, job_type, filters)]
 
 
 def load_history(source: str | Path, keys: Sequence[str] = ("train/mask_rate",), job_type: str = "pretrain") -> pd.DataFrame:
@@ -177,14 +179,10 @@ def load_history(source: str | Path, keys: Sequence[str] = ("train/mask_rate",),
     ``load_runs`` on ``run_dir`` to group by config."""
     frames = []
     if isinstance(source, str) and source.startswith("wandb:"):
-        import wandb
-
-        parts = source[len("wandb:"):].strip("/").split("/")
-        f = {"jobType": job_type, **({"group": parts[2]} if len(parts) == 3 else {})}
-        for run in wandb.Api(timeout=30).runs(f"{parts[0]}/{parts[1]}", filters=f):
-            h = run.history(keys=list(keys), pandas=True)
-            h["run_dir"] = "wandb:" + "/".join(run.path)
-            frames.append(h.rename(columns={"_step": "step"}))
+        for run in _api_runs(source[len("wandb:"):], job_type):  # step = trainer/global_step, as offline
+            h = run.history(keys=[*keys, "trainer/global_step"], pandas=True)
+            h = h.drop(columns="_step", errors="ignore").rename(columns={"trainer/global_step": "step"})
+            frames.append(h.assign(run_dir="wandb:" + "/".join(run.path)))
     else:
         for run_dir in sorted(Path(source).expanduser().rglob("offline-run-*")):
             info = read_wandb_offline(run_dir)
@@ -399,15 +397,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--baseline", help="a value of the (first) --by column: paired differences against it")
     p.add_argument("--pair-on", default="seed", help="column that pairs runs in --baseline comparisons")
     p.add_argument("--source-kind", default="auto", choices=["auto", "results", "wandb"])
-    p.add_argument("--include-failed", action="store_true")
     p.add_argument("--csv", help="write the table (and the comparison, as <name>.compare.csv) here")
     p.add_argument("--png", help="write the plot of the first metric against the first --by column here")
     p.add_argument("--hue", help="a second config column: one line per value in the plot")
     a = p.parse_args(argv)
     try:
-        df = load_runs(a.source, include_failed=a.include_failed, source_kind=a.source_kind)
-        if a.include_failed:
-            df = df[df["status"] == "ok"]
+        df = load_runs(a.source, source_kind=a.source_kind)  # failed jobs: left out, counted below
         table = aggregate(df, a.by, a.metric)
         comparison = None
         if a.baseline is not None:
@@ -419,8 +414,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     with pd.option_context("display.width", 160, "display.max_columns", 50, "display.float_format", "{:.4f}".format):
-        print(f"{len(df)} runs from {a.source}" + (f" ({df.attrs['n_skipped']} unreadable, skipped)"
-                                                   if df.attrs.get("n_skipped") else ""))
+        left_out = [f"{df.attrs[k]} {what}" for k, what in (("n_skipped", "unreadable"), ("n_failed", "failed"))
+                    if df.attrs.get(k)]
+        print(f"{len(df)} runs from {a.source}" + (f" ({', '.join(left_out)}, left out)" if left_out else ""))
         print(table.to_string())
         if comparison is not None:
             print(f"\npaired on {a.pair_on}, against {a.by[0]}={a.baseline}:")

@@ -87,7 +87,7 @@ def test_sweep_file_expands_to_the_jobs_it_says(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_wandb_sweep_runs_the_same_grid(name):
-    w = yaml.safe_load((ROOT / "sweeps" / "wandb" / f"{name}.yaml").read_text())
+    w = yaml.safe_load((ROOT / "sweeps" / "wandb_sweeps" / f"{name}.yaml").read_text())
     assert "${args_no_hyphens}" in w["command"] and f"+sweep={name}" in w["command"]
     assert w["command"][:4] == ["${env}", "${interpreter}", "-m", "mlmlab.train"]
     params = sweep_params(compose_sweep(name))
