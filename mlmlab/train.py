@@ -59,6 +59,18 @@ def start_wandb(cfg: DictConfig, config: dict, info: dict, out_dir: Path, job_ty
                       settings=wandb.Settings(console="off", x_disable_stats=True))
 
 
+def finish_wandb(run, exit_code: int) -> None:
+    """Finish the job's W&B run and wait until its files are complete on disk. ``run.finish()`` only informs the W&B
+    service, which closes (and flushes) the run's ``.wandb`` log asynchronously, so a reader right after the job could
+    find it truncated; tearing the service down (when no other run is active in this process) waits for that."""
+    import wandb
+
+    run.finish(exit_code=exit_code)
+    wl = getattr(run, "_wl", None)
+    if getattr(wl, "most_recent_active_run", None) is None:  # a property: the newest unfinished run
+        wandb.teardown()
+
+
 def finetune_runs(cfg: DictConfig, config: dict, info: dict, out_dir: Path, group: str | None, parent: str,
                   prefix: str = ""):
     """``downstream.wandb_runs=true``: a factory of one W&B run per fine-tuning (task, lr, seed), else None."""
@@ -150,7 +162,7 @@ def run_job(cfg: DictConfig, check, body) -> dict[str, float]:
                     run.summary.update({k: v for k, v in record.data["metrics"].items()})
                     run.summary.update({f"timings/{k}": v for k, v in record.data["timings_s"].items()})
             finally:
-                run.finish(exit_code=0 if ok else 1)
+                finish_wandb(run, 0 if ok else 1)
 
 
 
