@@ -49,6 +49,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compile", action="store_true", help="add a row: our step with torch.compile")
     p.add_argument("--bf16", action="store_true", help="add a row: our step under CPU bf16 autocast")
+    p.add_argument("--levers", action="store_true", help="add rows: optim.impl=foreach / fused, "
+                   "model.grad_checkpointing=true (with the activation memory saved for backward)")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' model (no ratio)")
     p.add_argument("--out", help="result file or directory (default benchmarks/results/bench_step.json)")
     args = p.parse_args(argv)
@@ -103,6 +105,11 @@ def ours_loss(model, b):
     return model.mlm_loss(b["input_ids"], b["attention_mask"], b["labels"])[0]
 
 
+def ours_loss_no_attn_mask(model, b):
+    """The same step without the key-padding mask (packed blocks have no padding): SDPA gets attn_mask=None."""
+    return model.mlm_loss(b["input_ids"], None, b["labels"])[0]
+
+
 def hf_loss(model, b):
     """HF's normal path: the decoder on every position, cross-entropy with ignore_index -100."""
     return model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"]).loss
@@ -154,11 +161,28 @@ def matmul_peak(n: int, reps: int = 5) -> dict:
 
 
 # --------------------------------------------------------------------------------------------------------- timing
-def time_steps(model, loss_fn, b, warmup: int, iters: int, autocast: bool = False) -> dict:
+def saved_activation_bytes(model, loss_fn, b) -> int:
+    """Bytes of the tensors autograd saves for backward in one forward (what gradient checkpointing reduces); a
+    tensor saved twice (e.g. a parameter) is counted once."""
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        seen.setdefault(id(t), t.numel() * t.element_size())  # parameters are shared, activations are not
+        return t
+
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = loss_fn(model, b)
+    params = {id(p) for p in model.parameters()}
+    del loss
+    return sum(v for k, v in seen.items() if k not in params)
+
+
+def time_steps(model, loss_fn, b, warmup: int, iters: int, autocast: bool = False, impl: str = "auto") -> dict:
     """``warmup + iters`` full steps (zero_grad, forward, backward, AdamW + scheduler); medians of the timed ones."""
     model.train()
     opt_d = adamw_with_schedule(model, OPTIM["lr"], OPTIM["weight_decay"], OPTIM["betas"], OPTIM["eps"],
-                                OPTIM["warmup"], OPTIM["total"])
+                                OPTIM["warmup"], OPTIM["total"], impl=impl)
     opt, sched = opt_d["optimizer"], opt_d["lr_scheduler"]["scheduler"]
     ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if autocast else contextlib.nullcontext
     phases: dict[str, list[float]] = {"fwd": [], "bwd": [], "opt": [], "step": []}
@@ -233,10 +257,27 @@ def main(argv=None) -> dict:
             t = time_steps(m, ours_loss, b, args.warmup, args.iters, autocast=True)
             rows.append(row("ours+bf16", vocab, t, tokens, fa_ours, fc_ours))
             print(f"vocab {vocab}: ours+bf16 {tokens / t['step_s']:.0f} tok/s", flush=True)
-        if args.compile:
+        if args.levers:
+            base = next(r for r in rows if r["model"] == "ours" and r["vocab"] == vocab)
+            base["saved_activation_bytes"] = saved_activation_bytes(ours, ours_loss, b)
+            for impl in ("foreach", "fused"):
+                _, m, _ = build_models(args.shape, vocab, args.seq, args.seed, False)
+                t = time_steps(m, ours_loss, b, args.warmup, args.iters, impl=impl)
+                rows.append(row(f"ours+{impl}", vocab, t, tokens, fa_ours, fc_ours))
+                print(f"vocab {vocab}: ours+{impl} {tokens / t['step_s']:.0f} tok/s", flush=True)
             _, m, _ = build_models(args.shape, vocab, args.seq, args.seed, False)
-            step_fn = torch.compile(ours_loss)
-            t = time_steps(m, step_fn, b, max(args.warmup, 2), args.iters)
+            t = time_steps(m, ours_loss_no_attn_mask, b, args.warmup, args.iters)
+            rows.append(row("ours, no attn mask", vocab, t, tokens, fa_ours, fc_ours))
+            print(f"vocab {vocab}: ours, no attn mask {tokens / t['step_s']:.0f} tok/s", flush=True)
+            _, m, _ = build_models({**args.shape, "grad_checkpointing": True}, vocab, args.seq, args.seed, False)
+            t = time_steps(m, ours_loss, b, args.warmup, args.iters)
+            rows.append(row("ours+ckpt", vocab, t, tokens, fa_ours, fc_ours))
+            rows[-1]["saved_activation_bytes"] = saved_activation_bytes(m, ours_loss, b)
+            print(f"vocab {vocab}: ours+ckpt {tokens / t['step_s']:.0f} tok/s", flush=True)
+        if args.compile:  # as trainer.compile=true: the encoder compiled in place, the sparse head eager
+            _, m, _ = build_models(args.shape, vocab, args.seq, args.seed, False)
+            m.bert.compile()
+            t = time_steps(m, ours_loss, b, max(args.warmup, 2), args.iters)
             t["compile_note"] = "first_step_s includes compilation"
             rows.append(row("ours+compile", vocab, t, tokens, fa_ours, fc_ours))
             print(f"vocab {vocab}: ours+compile {tokens / t['step_s']:.0f} tok/s", flush=True)
@@ -254,7 +295,7 @@ def main(argv=None) -> dict:
         r["meets_mfu_target"] = r["mfu_counted"] >= TARGETS["mfu"] if r["model"] != "hf" else None
 
     settings = {k: getattr(args, k) for k in ("quick", "vocab", "batch", "seq", "warmup", "iters", "matmul_size",
-                                              "mask_frac", "threads", "seed", "compile", "bf16")}
+                                              "mask_frac", "threads", "seed", "compile", "bf16", "levers")}
     settings.update({"shape": args.shape, "dtype": "float32", "optimizer": opt_info,
                      "timed": "median of the timed steps: zero_grad + forward + loss + backward + AdamW + LR scheduler",
                      "mfu": "FLOPs per step / median step time / matmul peak (the higher of the peaks measured before and after)"})

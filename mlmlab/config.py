@@ -90,6 +90,7 @@ class ModelConfig:
     attention_dropout: float = 0.1
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
+    grad_checkpointing: bool = False  # recompute each layer's activations in backward: less memory, ~1/3 more compute
 
 
 @dataclass
@@ -155,6 +156,7 @@ class OptimConfig:
     warmup_steps: int = 40
     schedule: str = "linear"  # decay after warmup: linear | cosine | constant
     min_lr_ratio: float = 0.0
+    impl: str = "auto"  # torch.optim.AdamW's implementation: auto (torch's choice) | for_loop | foreach | fused
 
 
 @dataclass
@@ -172,6 +174,7 @@ class TrainerConfig:
     strategy: str = "auto"
     num_nodes: int = 1
     precision: str = "32-true"
+    compile: bool = False  # torch.compile the encoder (the MLM head runs on a varying number of masked positions)
     max_steps: int = 400
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     val_check_interval: int = 100  # steps
@@ -180,6 +183,10 @@ class TrainerConfig:
     accumulate_grad_batches: int = 1
     deterministic: bool = False
     enable_progress_bar: bool = True
+    # reliability (mlmlab/guard.py): <output_dir>/checkpoints/last.ckpt every n optimizer steps (atomic; null: off;
+    # a SIGTERM always checkpoints), and what a NaN/inf loss or gradient does: error | skip | off
+    checkpoint_every_n_steps: int | None = None
+    nonfinite: str = "error"
 
 
 @dataclass
@@ -243,6 +250,7 @@ class PathsConfig:
 class TrainConfig:
     seed: int = 0
     skip_completed: bool = False  # re-running a sweep: jobs with a complete results.json of the same config are skipped
+    resume: str | None = None  # a run dir (its checkpoints/last.ckpt) or a .ckpt path: continue that pretraining exactly
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -441,6 +449,10 @@ def validate_downstream(cfg: DictConfig, objective: str, max_positions: int) -> 
     )
 
 
+OPTIM_IMPLS = ("auto", "for_loop", "foreach", "fused")
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "32", "16", "bf16", "64")
+
+
 def validate(cfg: DictConfig) -> None:
     """Reject bad values with a :class:`ConfigError` naming the key and the allowed values. Does no data work."""
     from mlmlab.data.tokenizer import SPECIAL_TOKENS, WORD_SEGMENTERS  # local: keeps config importable without data
@@ -511,6 +523,12 @@ def validate(cfg: DictConfig) -> None:
     _check_choice("optim.name", o.name, ("adamw",))
     _check_choice("optim.schedule", o.schedule, LR_SCHEDULES)
     _check(o.lr > 0, f"optim.lr={o.lr} must be > 0")
+    _check_choice("optim.impl", o.get("impl", "auto"), OPTIM_IMPLS)
+    _check_choice("trainer.precision", str(cfg.trainer.precision), PRECISIONS)
+    _check(not (o.get("impl") == "fused" and "mixed" in str(cfg.trainer.precision) and cfg.trainer.gradient_clip_val),
+           f"optim.impl=fused cannot be combined with trainer.precision={cfg.trainer.precision} and "
+           f"trainer.gradient_clip_val={cfg.trainer.gradient_clip_val} (Lightning refuses to clip the gradients of a "
+           "fused optimizer under mixed precision); allowed: optim.impl=foreach, or trainer.gradient_clip_val=null")
     _check(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), f"optim.betas={list(o.betas)} must be two values in [0, 1)")
     _check(cfg.trainer.max_steps >= 1, f"trainer.max_steps={cfg.trainer.max_steps} must be >= 1")
     b = cfg.trainer.budget
@@ -519,11 +537,28 @@ def validate(cfg: DictConfig) -> None:
     for k in ("tokens", "flops"):
         v = b[k]
         _check(v is None or (v > 0 and math.isfinite(v)), f"trainer.budget.{k}={v} must be > 0 or null")
+    validate_reliability(cfg)
 
     validate_downstream(cfg, cfg.objective.name, m.max_position_embeddings)
 
     if cfg.logger.wandb is not None:
         _check_choice("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
+
+
+def validate_reliability(cfg: DictConfig) -> None:
+    """``trainer.checkpoint_every_n_steps``, ``trainer.nonfinite`` and ``resume`` (the checkpoint must exist)."""
+    from mlmlab.guard import NONFINITE_MODES, resume_path
+
+    t = cfg.trainer
+    n = t.get("checkpoint_every_n_steps")
+    _check(n is None or n >= 1, f"trainer.checkpoint_every_n_steps={n} must be >= 1 or null (off)")
+    _check_choice("trainer.nonfinite", t.get("nonfinite", "error"), NONFINITE_MODES)
+    r = cfg.get("resume")
+    if r is not None:
+        _check(cfg.objective.name != "none", "resume= needs a pretraining objective (objective=none trains nothing)")
+        p = resume_path(r)
+        _check(p.is_file(), f"resume={r!r}: {p} does not exist; give a run dir holding checkpoints/last.ckpt or the "
+               "explicit path of a .ckpt file")
 
 
 def to_container(cfg: DictConfig) -> dict:

@@ -79,8 +79,13 @@ def finetune_runs(cfg: DictConfig, config: dict, info: dict, out_dir: Path, grou
 
     def make(task: str, lr: float, seed: int):
         c = {**config, "finetune_run": {"task": task, "lr": lr, "seed": seed, "parent": parent}}
-        return start_wandb(cfg, c, info, out_dir, job_type="finetune", group=group,
-                           name_prefix=f"{prefix}{task}:lr{lr:g}:seed{seed}:")
+        try:
+            return start_wandb(cfg, c, info, out_dir, job_type="finetune", group=group,
+                               name_prefix=f"{prefix}{task}:lr{lr:g}:seed{seed}:")
+        except Exception as e:  # W&B is never the only copy: the fine-tuning goes on without its run
+            log.error("W&B run for %s lr=%g seed=%d failed to start (%s: %s); continuing without it", task, lr, seed,
+                      type(e).__name__, e)
+            return None
 
     return make
 
@@ -118,7 +123,7 @@ def completed_metrics(cfg: DictConfig) -> dict[str, float] | None:
     if r.get("status") != "ok" or "downstream/score" not in (r.get("metrics") or {}):
         log.info("skip_completed: %s is %s; running the job again", path, r.get("status"))
         return None
-    ignore = ("paths", "skip_completed")
+    ignore = ("paths", "skip_completed", "resume")
     before = {k: v for k, v in (r.get("config") or {}).items() if k not in ignore}
     changed = sorted(k for k in set(before) | set(now) if k not in ignore and before.get(k) != now.get(k))
     if changed:
@@ -161,8 +166,13 @@ def run_job(cfg: DictConfig, check, body) -> dict[str, float]:
                 if ok:
                     run.summary.update({k: v for k, v in record.data["metrics"].items()})
                     run.summary.update({f"timings/{k}": v for k, v in record.data["timings_s"].items()})
+            except Exception as e:  # results.json is already written: a W&B failure must not fail a finished job
+                log.error("W&B summary failed (%s: %s); results.json has the record", type(e).__name__, e)
             finally:
-                finish_wandb(run, 0 if ok else 1)
+                try:
+                    finish_wandb(run, 0 if ok else 1)
+                except Exception as e:
+                    log.error("W&B finish failed (%s: %s); results.json has the record", type(e).__name__, e)
 
 
 
@@ -186,16 +196,20 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     from mlmlab.data.vocab_stats import make_sampler_context
     from mlmlab.downstream import run_downstream
     from mlmlab.flops import steps_for_budget
+    from mlmlab.guard import Guard, atomic_save_checkpoint, check_resume, resumable_datamodule
     from mlmlab.masking import mask_once
     from mlmlab.masking.replacement import UniformSampler
     from mlmlab.models.encoder import EncoderConfig
 
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     warnings.filterwarnings("ignore", ".*exists and is not empty.*")
+    # resume: the ResumableSampler's position travels in the checkpoint (mlmlab.guard), which Lightning cannot see
+    warnings.filterwarnings("ignore", ".*your dataloader is not resumable.*")
     rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", 0)))
 
     with record.timer("data"):
-        tok, blocks = get_blocks(cfg)
+        packing: dict = {}
+        tok, blocks = get_blocks(cfg, packing)
         vocab_size = tok.get_vocab_size()
         train_blocks, val_blocks = blocks["train"], blocks["validation"]
         n_train = len(train_blocks["input_ids"])
@@ -234,10 +248,20 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     log.info("masking: %s", record.data["masking"])
     record.set(data={"vocab_size": vocab_size, "train_blocks": n_train, "val_blocks": len(val["input_ids"]),
                      "train_tokens": stats["tokens"],
-                     "eval_masked_tokens": int((fixed.labels != -100).sum())})
+                     "eval_masked_tokens": int((fixed.labels != -100).sum()),
+                     # documents longer than a block: packed over consecutive blocks, never cut off (counted)
+                     **({"long_docs": {k: v["long_docs"] for k, v in packing.items()},
+                         "packing": packing} if packing else {})})
     log.info("data: %s", record.data["data"])
 
-    run = start_wandb(cfg, config, info, out_dir) if rank == 0 else None
+    run = None
+    if rank == 0:
+        try:
+            run = start_wandb(cfg, config, info, out_dir)
+        except Exception as e:  # W&B is never the only copy: log it, record it, go on without W&B
+            log.error("W&B failed to start (%s: %s); continuing without W&B (results.json is still written)",
+                      type(e).__name__, e)
+            record.set(wandb_error=f"{type(e).__name__}: {e}")
     state["run"] = run
     logger = WandbLogger(experiment=run) if run is not None else False
 
@@ -245,14 +269,23 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     module = build_module(cfg, encoder_cfg, max(1, max_steps), sampler, schedule)
     record.set(model=model_record(module, encoder_cfg))
+    if cfg.trainer.get("compile") and objective != "none":
+        module.encoder().compile()  # in place: the state dict keeps its keys (checkpoints, export, fine-tuning)
     t = cfg.trainer
+    sampler_state = resumable_datamodule(dm)
+    guard = Guard(out_dir / "checkpoints", t.checkpoint_every_n_steps, t.nonfinite, sampler_state,
+                  out_dir / "train_log.jsonl", t.log_every_n_steps)
+    ckpt_path = None
+    if cfg.get("resume") is not None:
+        ckpt_path = check_resume(cfg.resume, config)
+        record.set(resumed_from=str(ckpt_path))
     trainer = pl.Trainer(
         **trainer_kwargs(cfg), devices=t.devices, strategy=t.strategy, num_nodes=t.num_nodes, max_steps=max_steps,
         max_epochs=-1, val_check_interval=t.val_check_interval, check_val_every_n_epoch=None,
         log_every_n_steps=t.log_every_n_steps, gradient_clip_val=t.gradient_clip_val,
         accumulate_grad_batches=t.accumulate_grad_batches, logger=logger, enable_checkpointing=False,
         num_sanity_val_steps=0, default_root_dir=str(out_dir),
-        callbacks=[RunInfo(run_info(config, tok, encoder_cfg, module, wandb_group(cfg, info)))],
+        callbacks=[RunInfo(run_info(config, tok, encoder_cfg, module, wandb_group(cfg, info))), guard],
     )
     if objective != "none" and trainer.world_size != budget["world_size"]:
         b = cfg.trainer.budget
@@ -266,12 +299,20 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     metrics: dict[str, float] = {}
     if objective != "none":
         with record.timer("pretrain"):
-            trainer.fit(module, datamodule=dm)
+            try:
+                trainer.fit(module, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None)
+            except BaseException as e:
+                if guard.last_ckpt.exists():  # the last good checkpoint (nothing is saved after a bad step)
+                    record.set(checkpoint=str(guard.last_ckpt))
+                if type(e).__name__ == "SIGTERMException":  # Lightning's own SIGTERM exit (exit code 0): say so
+                    raise guard.preempted(trainer.global_step) from e
+                raise
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")})
         metrics["train/steps"] = trainer.global_step
+        metrics["train/skipped_nonfinite"] = float(guard.skipped)
         metrics["budget/tokens"], metrics["budget/flops"] = float(budget["tokens"]), float(budget["flops"])
         if cfg.callbacks.checkpoint:
-            trainer.save_checkpoint(out_dir / "checkpoints" / "last.ckpt")
+            atomic_save_checkpoint(trainer, out_dir / "checkpoints" / "last.ckpt")
             record.set(checkpoint=str(out_dir / "checkpoints" / "last.ckpt"))
     with record.timer("eval"):
         (val_metrics,) = trainer.validate(module, datamodule=dm, verbose=False)
@@ -344,7 +385,7 @@ def build_masking(cfg: DictConfig, ctx, train_blocks: dict):
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float:
-    return train(cfg)["downstream/score"]
+    return train(cfg).get("downstream/score", float("nan"))  # DDP ranks > 0 do no downstream work
 
 
 if __name__ == "__main__":

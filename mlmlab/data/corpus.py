@@ -13,6 +13,7 @@ never token ids: see :func:`segmented_word_ids`.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -84,11 +85,39 @@ def _text_dataset(path: str, doc_sep: str, key: str, cache_dir: str | None = Non
     ones dropped. With ``cache_dir`` the Arrow files live under ``<cache_dir>/hf`` (the project's cache), else in memory."""
     import datasets
 
-    files = [str(f) for f in text_files(path, key)]
+    paths = text_files(path, key)
+    for f in paths:
+        check_utf8(f, key)
+    files = [str(f) for f in paths]
     kw = {"cache_dir": str(Path(cache_dir).expanduser() / "hf")} if cache_dir else {"keep_in_memory": True}
     ds = datasets.load_dataset("text", data_files=files, split="train",
                                sample_by="paragraph" if doc_sep == "blank_line" else "line", **kw)
     return _clean(ds, keep_in_memory=not cache_dir)
+
+
+def check_utf8(f: Path, key: str = "data.path", chunk: int = 8 << 20) -> None:
+    """ConfigError naming the file, line and byte offset of the first bytes that are not UTF-8 (streamed in chunks: a
+    large corpus is read once, in bounded memory; done when the documents are loaded for a cache build)."""
+    import codecs
+
+    dec = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with open(f, "rb") as fh:
+        while True:
+            data = fh.read(chunk)
+            pending = len(dec.getstate()[0])  # bytes of a character cut by the previous chunk's end
+            try:
+                dec.decode(data, final=not data)
+            except UnicodeDecodeError as e:
+                pos = offset - pending + e.start
+                with open(f, "rb") as g:
+                    head = g.read(pos)
+                line = head.count(b"\n") + 1
+                raise ConfigError(f"{key}: {f}, line {line} (byte {pos}): not valid UTF-8 ({e.reason}: "
+                                  f"{e.object[e.start:e.end]!r}); re-encode the file as UTF-8") from None
+            if not data:
+                return
+            offset += len(data)
 
 
 def _clean(ds, keep_in_memory: bool = True):
@@ -371,9 +400,15 @@ def pack_dataset(tokens, max_seq_len: int, out_dir: Path, what: str = "the corpu
     """Pack a tokenized split (:func:`tokenized_corpus`) into ``.npy`` files under ``out_dir``, streaming over Arrow
     record batches into memory-mapped arrays: a corpus larger than RAM packs in bounded memory."""
     out_dir.mkdir(parents=True)
-    n = _Packer.n_blocks(tokens.data.column("length").to_numpy().astype(np.int64), max_seq_len - 2)
+    lengths = tokens.data.column("length").to_numpy().astype(np.int64)
+    n = _Packer.n_blocks(lengths, max_seq_len - 2)
     if n == 0:
         raise ConfigError(f"{what} produced no tokens")
+    # documents longer than a block are not cut off: packing streams them over consecutive blocks (counted here)
+    long_docs = int((lengths > max_seq_len - 2).sum())
+    (out_dir / "stats.json").write_text(json.dumps({
+        "docs": len(lengths), "blocks": n, "long_docs": long_docs, "max_doc_tokens": int(lengths.max(initial=0)),
+        "block_body_tokens": max_seq_len - 2}))
     arrays = {name: np.lib.format.open_memmap(out_dir / f"{name}.npy", mode="w+", dtype=dtype, shape=(n, max_seq_len))
               for name, dtype in (("input_ids", np.int32), ("word_ids", np.int32), ("special_tokens_mask", bool))}
     p = _Packer(arrays["input_ids"], arrays["word_ids"], arrays["special_tokens_mask"])
@@ -414,8 +449,9 @@ def block_stats(blocks: dict[str, torch.Tensor]) -> dict[str, float | int]:
     return {"tokens": tokens, "cand_frac": cand / (n * seq), "token_frac": body / (n * (seq - 1))}
 
 
-def get_blocks(cfg: DictConfig) -> tuple[object, dict[str, dict[str, torch.Tensor]]]:
-    """The tokenizer and the packed blocks of both splits, from the cache when the same config made them before."""
+def get_blocks(cfg: DictConfig, report: dict | None = None) -> tuple[object, dict[str, dict[str, torch.Tensor]]]:
+    """The tokenizer and the packed blocks of both splits, from the cache when the same config made them before.
+    ``report``: filled with each split's packing statistics (documents, long documents spread over several blocks)."""
     docs: dict = {}
 
     def lazy_docs() -> dict:
@@ -444,5 +480,8 @@ def get_blocks(cfg: DictConfig) -> tuple[object, dict[str, dict[str, torch.Tenso
             pack_dataset(tokenized_corpus(cfg, tok, split, lazy_docs), cfg.data.max_seq_len, tmp,
                          f"the {split} split of data={cfg.data.name} ({src})")
 
-        out[split] = load_blocks(cached_file(cfg.paths.cache_dir, "blocks", key, "blocks", build))
+        d = cached_file(cfg.paths.cache_dir, "blocks", key, "blocks", build)
+        out[split] = load_blocks(d)
+        if report is not None and (d / "stats.json").exists():
+            report[split] = json.loads((d / "stats.json").read_text())
     return tok, out

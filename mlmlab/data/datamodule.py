@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from mlmlab.data.tokenizer import PAD
 
@@ -56,4 +56,21 @@ class PretrainDataModule(pl.LightningDataModule):
                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.val_batch_size, shuffle=False, num_workers=0)
+        t = self.trainer
+        sampler = ShardSampler(self.val_set, t.world_size, t.global_rank) if t is not None and t.world_size > 1 else None
+        return DataLoader(self.val_set, batch_size=self.val_batch_size, shuffle=False, num_workers=0, sampler=sampler)
+
+
+class ShardSampler(DistributedSampler):
+    """Validation under DDP: rank r reads blocks r, r + world, r + 2 world, ... -- every fixed-mask block exactly once
+    (Lightning's default DistributedSampler pads the last shard with repeated blocks, which would weight them twice in
+    the synced ``val/*`` means). Being a DistributedSampler, Lightning leaves it as it is."""
+
+    def __init__(self, dataset, num_replicas: int, rank: int):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
+
+    def __iter__(self):
+        return iter(range(self.rank, len(self.dataset), self.num_replicas))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, len(self.dataset), self.num_replicas))

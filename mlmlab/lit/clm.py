@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytorch_lightning as pl
 import torch
 
+from mlmlab.lit.mlm import log_weighted
 from mlmlab.lit.optim import adamw_from_cfg
 from mlmlab.models.encoder import CausalLM, EncoderConfig
 
@@ -33,8 +34,8 @@ class CLMModule(pl.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         loss, acc, n = self._step(batch["original_ids"], batch["attention_mask"])  # the unmasked validation blocks
-        self.log("val/clm_loss", loss, batch_size=n, prog_bar=True)
-        self.log("val/clm_acc", acc, batch_size=n)
+        log_weighted(self, "val/clm_loss", loss, n, prog_bar=True)
+        log_weighted(self, "val/clm_acc", acc, n)
 
     def configure_optimizers(self):
         return adamw_from_cfg(self.model, self.hparams.optim, self.max_steps)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from mlmlab.lit.mlm import EVAL_SAMPLE_STREAM, SAMPLE_STREAM, MLMModule
+from mlmlab.lit.mlm import EVAL_SAMPLE_STREAM, SAMPLE_STREAM, MLMModule, log_weighted
 from mlmlab.masking import make_generator, telemetry
 from mlmlab.models.electra import ElectraForPretraining, rtd_metrics
 from mlmlab.models.encoder import EncoderConfig
@@ -47,13 +47,13 @@ class ElectraModule(MLMModule):
         m = rtd_metrics(out)
         n_gen, n_disc = max(1, out.gen_targets.numel()), max(1, out.disc_targets.numel())
         s = self.eval_suffix
-        self.log(f"val/gen_mlm_loss_{s}", m["gen_mlm_loss"], batch_size=n_gen, prog_bar=True)
-        self.log(f"val/gen_acc_{s}", m["gen_acc"], batch_size=n_gen)
+        log_weighted(self, f"val/gen_mlm_loss_{s}", m["gen_mlm_loss"], n_gen, prog_bar=True)
+        log_weighted(self, f"val/gen_acc_{s}", m["gen_acc"], n_gen)
         for k in ("disc_loss", "disc_acc", "replaced_frac"):
-            self.log(f"val/{k}_{s}", m[k], batch_size=n_disc)
+            log_weighted(self, f"val/{k}_{s}", m[k], n_disc)
         n_rep = int(out.disc_targets.sum())
         n_orig = out.disc_targets.numel() - n_rep
-        if n_rep:  # token-weighted over the epoch; a batch with none contributes nothing (not a 0 of weight 1)
-            self.log(f"val/disc_acc_replaced_{s}", m["disc_acc_replaced"], batch_size=n_rep)
-        if n_orig:
-            self.log(f"val/disc_acc_original_{s}", m["disc_acc_original"], batch_size=n_orig)
+        # token-weighted over the epoch; a batch with none contributes weight 0 (not a 0 of weight 1). Logged on every
+        # batch, never conditionally: under DDP every rank must sync the same keys
+        log_weighted(self, f"val/disc_acc_replaced_{s}", m["disc_acc_replaced"], n_rep)
+        log_weighted(self, f"val/disc_acc_original_{s}", m["disc_acc_original"], n_orig)

@@ -75,11 +75,18 @@ class MLMModule(pl.LightningModule):
         loss, logits, targets = self.model.mlm_loss(batch["input_ids"], batch["attention_mask"], batch["labels"])
         n = max(1, targets.numel())  # token-weighted mean over the whole fixed-mask set
         acc = (logits.argmax(-1) == targets).float().mean() if targets.numel() else loss.new_zeros(())
-        self.log(f"val/mlm_loss_{self.eval_suffix}", loss, batch_size=n, prog_bar=True)
-        self.log(f"val/mlm_acc_{self.eval_suffix}", acc, batch_size=n)
+        log_weighted(self, f"val/mlm_loss_{self.eval_suffix}", loss, n, prog_bar=True)
+        log_weighted(self, f"val/mlm_acc_{self.eval_suffix}", acc, n)
 
     def configure_optimizers(self):
         return adamw_from_cfg(self.model, self.hparams.optim, self.max_steps)
+
+
+def log_weighted(module: pl.LightningModule, name: str, value, n, **kw) -> None:
+    """Log ``value`` as an epoch mean weighted by ``n`` (tokens), synced exactly across DDP ranks: sum(value x n) /
+    sum(n) over every rank's batches. ``n`` goes in as a float because Lightning's gloo "mean" sync divides an integer
+    count by the world size in integer arithmetic (701 tokens on 2 ranks -> 350), which skews the synced mean."""
+    module.log(name, value, batch_size=float(n), sync_dist=True, **kw)
 
 
 def build_masker(mask: dict, mask_token_id: int, sampler) -> Masker:

@@ -30,9 +30,19 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
     return min_ratio + (1.0 - min_ratio) * decay
 
 
+def impl_kwargs(impl: str = "auto") -> dict:
+    """``optim.impl`` -> torch.optim.AdamW's switches. auto: torch's choice (foreach on CUDA, the single-tensor loop on
+    the CPU); foreach: one multi-tensor op per update stage; fused: one fused kernel (CPU and CUDA)."""
+    kw = {"auto": {}, "for_loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True},
+          "fused": {"fused": True}}
+    if impl not in kw:
+        raise ValueError(f"optim.impl={impl!r} is not known; allowed: {', '.join(kw)}")
+    return kw[impl]
+
+
 def adamw_with_schedule(model: nn.Module, lr: float, weight_decay: float, betas, eps: float, warmup: int, total: int,
-                        schedule: str = "linear", min_ratio: float = 0.0):
-    opt = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), eps=eps)
+                        schedule: str = "linear", min_ratio: float = 0.0, impl: str = "auto"):
+    opt = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), eps=eps, **impl_kwargs(impl))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup, total, schedule, min_ratio))
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
@@ -40,4 +50,4 @@ def adamw_with_schedule(model: nn.Module, lr: float, weight_decay: float, betas,
 def adamw_from_cfg(model: nn.Module, o: dict, total: int):
     """``adamw_with_schedule`` from an ``optim.*`` dict (pretraining modules)."""
     return adamw_with_schedule(model, o["lr"], o["weight_decay"], o["betas"], o["eps"], o["warmup_steps"], total,
-                               o["schedule"], o["min_lr_ratio"])
+                               o["schedule"], o["min_lr_ratio"], o.get("impl", "auto"))

@@ -182,6 +182,17 @@ class Masker:
         ok = torch.cat([torch.ones_like(valid[:, :1]), valid], 1)
         return diff.masked_fill(~ok, float("inf")).argmin(1)  # first minimum: ties go to the smaller prefix
 
+    def _bernoulli_tokens(self, cand: torch.Tensor, rate: float, src) -> torch.Tensor:
+        """Token units, Bernoulli count: every candidate independently with probability ``rate`` (plus the
+        ``min_per_seq`` lowest-scored candidates); the same draws and result as the general unit path."""
+        score = src.rand(cand.shape[1], _T_SELECT)
+        sel = (score < rate) & cand
+        if self.min_per_seq > 0:
+            score = score.masked_fill(~cand, 2.0)
+            k_min = torch.clamp(cand.sum(1), max=self.min_per_seq)
+            sel |= (score.argsort(1).argsort(1) < k_min[:, None]) & cand
+        return sel
+
     def _select_units(self, uid, ulen, rate: float, src) -> torch.Tensor:
         """Boolean (B, L) over unit slots: which units are selected."""
         b, n = ulen.shape
@@ -234,10 +245,15 @@ class Masker:
         ids = input_ids.long()
         special = special_tokens_mask.bool()
         b, n = ids.shape
-        uid, ulen = self._units(special, word_ids)
         pred_rate = rate if self.predict_rate is None else self.predict_rate
         sel_rate = max(rate, pred_rate)
-        sel_u = self._select_units(uid, ulen, sel_rate, source)
+        fast = self.unit == "token" and self.count == "bernoulli"  # BERT's selection: no unit bookkeeping needed
+        if fast:
+            cand = ~special
+            sel_u = self._bernoulli_tokens(cand, sel_rate, source)
+        else:
+            uid, ulen = self._units(special, word_ids)
+            sel_u = self._select_units(uid, ulen, sel_rate, source)
 
         corrupt_u, predict_u = sel_u, sel_u
         if pred_rate != rate:
@@ -250,25 +266,31 @@ class Masker:
         mask_u = corrupt_u & (r < self.p_mask)
         random_u = corrupt_u & (r >= self.p_mask) & (r < self.p_mask + self.p_random)
 
-        cand = uid >= 0
-        if self.unit == "token":
+        if fast:
+            to_tok = lambda u: u  # noqa: E731  (unit slot == position, and selected units are candidates already)
+        elif self.unit == "token":
+            cand = uid >= 0
             to_tok = lambda u: u & cand  # noqa: E731  (unit slot == position)
         else:
-            g = uid.clamp(min=0)
+            cand, g = uid >= 0, uid.clamp(min=0)
             to_tok = lambda u: u.gather(1, g) & cand  # noqa: E731
         corrupt, predict = to_tok(corrupt_u), to_tok(predict_u)
         to_mask, to_random = to_tok(mask_u), to_tok(random_u)
 
         out_ids = ids.masked_fill(to_mask, self.mask_token_id)
         if self.p_random > 0:
-            # drawn for every position and used where needed: no host sync on an accelerator
-            drawn = self.sampler.sample(source.rand(n, _T_RANDOM_ID, torch.float64), ids)
-            out_ids = torch.where(to_random, drawn, out_ids)
+            u = source.rand(n, _T_RANDOM_ID, torch.float64)  # one uniform per position: the stream never depends on
+            if ids.device.type != "cpu":  # where the random positions fell
+                # drawn for every position and used where needed: no host sync on an accelerator
+                out_ids = torch.where(to_random, self.sampler.sample(u, ids), out_ids)
+            else:  # on the CPU, look up only the ~1.5% of positions that need an id (same ids, a fraction of the work)
+                pos = to_random.view(-1).nonzero().squeeze(1)
+                out_ids.view(-1)[pos] = self.sampler.sample(u.view(-1)[pos], ids.reshape(-1)[pos])
         kind = torch.zeros((b, n), dtype=torch.int8, device=ids.device)
-        kind[predict] = PREDICT_ONLY
-        kind[corrupt] = KEPT
-        kind[to_mask] = MASKED
-        kind[to_random] = RANDOM
+        if predict is not corrupt:  # later fills win: random/[MASK] on top of kept, kept on top of predict-only
+            kind.masked_fill_(predict, PREDICT_ONLY)
+        kind.masked_fill_(corrupt, KEPT)
+        kind.masked_fill_(to_mask, MASKED).masked_fill_(to_random, RANDOM)
         labels = ids.masked_fill(~predict, IGNORE_INDEX)
         return MaskedBatch(out_ids, labels, kind, n_units=predict_u.sum(1))
 

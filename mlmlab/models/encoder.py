@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from mlmlab.models.heads import ClassificationHead, MLMHead
 
@@ -32,11 +33,12 @@ class EncoderConfig:
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     causal: bool = False  # causal self-attention (objective=clm); inputs must be right-padded
+    grad_checkpointing: bool = False  # training: keep only each layer's input, recompute the rest in backward
 
     @classmethod
     def from_model_cfg(cls, model_cfg, vocab_size: int, causal: bool = False) -> EncoderConfig:
         keys = set(cls.__dataclass_fields__) - {"vocab_size", "causal"}
-        return cls(vocab_size=vocab_size, causal=causal, **{k: model_cfg[k] for k in keys})
+        return cls(vocab_size=vocab_size, causal=causal, **{k: model_cfg[k] for k in keys if k in model_cfg})
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -122,10 +124,12 @@ class Stack(nn.Module):
     def __init__(self, c: EncoderConfig):
         super().__init__()
         self.layer = nn.ModuleList(Layer(c) for _ in range(c.num_layers))
+        self.grad_checkpointing = c.grad_checkpointing
 
     def forward(self, x, attn_mask):
-        for layer in self.layer:
-            x = layer(x, attn_mask)
+        ckpt = self.grad_checkpointing and self.training and torch.is_grad_enabled()
+        for layer in self.layer:  # checkpoint() replays dropout with the saved RNG state: same gradients, less memory
+            x = checkpoint(layer, x, attn_mask, use_reentrant=False) if ckpt else layer(x, attn_mask)
         return x
 
 

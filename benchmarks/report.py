@@ -1,0 +1,103 @@
+"""The README's "Performance" tables, printed as Markdown from the benchmark JSON files (nothing typed by hand).
+
+    python benchmarks/report.py                      # reads benchmarks/results/bench_{masking,step,data,e2e}.json
+    python benchmarks/report.py --dir /tmp/bench     # another results folder
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from _common import RESULTS_DIR
+
+
+def load(d: Path, name: str) -> dict | None:
+    p = d / f"{name}.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def md(rows: list[list[str]], head: list[str]) -> str:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def where(p: dict) -> str:
+    m, v = p["machine"], p["versions"]
+    commit = (v.get("git_commit") or "?")[:7] + (" + local changes" if v.get("git_dirty") else "")
+    return (f"{m['processor']}, {m['cpu_count']} cores{', ' + m['gpu'] if m.get('gpu') else ''}; torch {v.get('torch')}, "
+            f"transformers {v.get('transformers')}; commit {commit}; {p.get('created_at', '?')}")
+
+
+def masking(p: dict) -> str:
+    rows = []
+    for v in p["results"]:
+        for r in v["cpu"]:
+            rows.append([f"{v['vocab']:,}", str(r["threads"]), f"{r['ours']:.3f}", f"{r['ours+collate']:.3f}",
+                         f"{r['hf_mask']:.3f}", f"{r['hf_call']:.3f}", f"{r['speedup_call_vs_mask']:.1f}x",
+                         f"{r['speedup_call']:.1f}x", f"{r['speedup_mask']:.1f}x",
+                         f"{r['mask_tel_frac_of_step']:.3%}" if "mask_tel_frac_of_step" in r else "-"])
+    head = ["vocab", "threads", "ours: mask ms", "ours: collate + mask ms", "HF masking part ms", "HF collator call ms",
+            "HF call / our mask", "HF call / our collate + mask", "HF masking part / ours", "mask + telemetry / step"]
+    return md(rows, head)
+
+
+def step(p: dict) -> str:
+    rows, base = [], {}
+    for r in p["results"]["rows"]:
+        if r["model"] == "ours":
+            base[r["vocab"]] = r["tokens_per_s"]
+    for r in p["results"]["rows"]:
+        act = r.get("saved_activation_bytes")
+        rows.append([f"{r['vocab']:,}", r["model"], f"{r['tokens_per_s']:,.0f}",
+                     "-" if r["speedup_vs_hf"] is None or r["model"] == "hf" else f"{r['speedup_vs_hf']:.2f}x",
+                     "-" if r["model"] in ("ours", "hf") else f"{r['tokens_per_s'] / base[r['vocab']]:.2f}x",
+                     f"{r['mfu_counted']:.0%}", f"{1e3 * r['step_s']:.0f}",
+                     "-" if act is None else f"{act / 2**20:.0f} MiB"])
+    peak = p["results"]["matmul_peak"]["used_flops_per_s"] / 1e9
+    s = p["settings"]
+    note = (f"\nbatch {s['batch']} x seq {s['seq']}, {s['shape']['num_layers']} layers x {s['shape']['hidden_size']}, "
+            f"{s['threads']} threads, fp32 unless the row says otherwise; MFU against the measured fp32 matmul peak "
+            f"({peak:.0f} GFLOP/s); median of {s['iters']} steps after {s['warmup']} warm-up steps")
+    head = ["vocab", "model", "tokens/s", "x HF", "x ours (fp32, for-loop AdamW)", "MFU", "step ms",
+            "saved for backward"]
+    return md(rows, head) + "\n" + note
+
+
+def data(p: dict) -> str:
+    r = p["results"]
+    rows = [[x["run"], str(x["num_proc"]), f"{x['get_blocks_s']:.2f}", f"{x['process_s']:.2f}",
+             "-" if x["tokens_per_s"] is None else f"{x['tokens_per_s']:,.0f}"] for x in r["rows"]]
+    note = (f"\n{r['corpus_bytes']:,} bytes -> {r['tokens']:,} tokens (vocab {r['vocab_size']:,}); identical blocks in "
+            f"every run: {r['same_blocks_all_runs']}")
+    return md(rows, ["cache", "num_proc", "get_blocks s", "whole process s", "tokens/s (cold)"]) + "\n" + note
+
+
+def e2e(p: dict) -> str:
+    r = p["results"]
+    row = [f"{r['wall_s']:.0f}", f"{r['startup_s']:.1f}", f"{r['data_s']:.1f}", f"{r['pretrain_s']:.1f}",
+           f"{r['eval_s']:.1f}", f"{r['downstream_s']:.1f}", f"{r['other_in_job_s']:.1f}", f"{r['peak_rss_mib']:,.0f}",
+           f"{r['metrics']['downstream/score']:.3f}"]
+    head = ["wall s", "startup s", "data s", "pretrain s", "eval s", "downstream s", "other s", "peak RSS MiB",
+            "downstream/score"]
+    return md([row], head)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default=str(RESULTS_DIR))
+    d = Path(ap.parse_args(argv).dir)
+    for name, fn in (("bench_masking", masking), ("bench_step", step), ("bench_data", data), ("bench_e2e", e2e)):
+        p = load(d, name)
+        print(f"### {name}\n")
+        if p is None:
+            print(f"(no {name}.json in {d})\n")
+            continue
+        print(f"{where(p)}\n")
+        print(fn(p) + "\n")
+
+
+if __name__ == "__main__":
+    main()

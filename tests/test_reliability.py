@@ -1,0 +1,390 @@
+"""Fault tests (issue 9): exact resume after SIGKILL / SIGTERM, atomic records, idempotent sweeps, corrupt caches,
+non-finite losses and gradients, a failing W&B, bad data. Each would fail without the mechanism it proves."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, run_cli
+
+from mlmlab.config import ConfigError, validate
+from mlmlab.train import train
+
+# 200 built-in documents -> 155 training blocks = 9 batches of 16 per epoch: 14 steps cross an epoch boundary
+SMALL = ["debug=fast", "logger=none", "downstream=none", "data.n_docs=200", "trainer.max_steps=14",
+         "trainer.log_every_n_steps=1", "trainer.val_check_interval=5"]
+
+
+def _cli(args, cache, env=None, timeout=300):
+    e = {**os.environ, "MLMLAB_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "mlmlab.train", *args], cwd=ROOT, env=e, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _params(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+
+
+def _log(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "train_log.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, cache_dir):
+    out = tmp_path_factory.mktemp("full") / "run"
+    p = _cli([*SMALL, f"hydra.run.dir={out}"], cache_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return out
+
+
+def test_sigkill_mid_epoch_then_resume_is_bitwise_exact(uninterrupted, cache_dir, tmp_path):
+    """Checkpoint every 4 steps, SIGKILL right after step 9 (last checkpoint: step 8, one batch before the end of
+    epoch 0), resume: the same parameters bit for bit and the same per-step loss as the uninterrupted run."""
+    run = tmp_path / "run"
+    args = [*SMALL, "trainer.checkpoint_every_n_steps=4", f"hydra.run.dir={run}"]
+    p = _cli(args, cache_dir, env={"MLMLAB_FAULT_KILL_AT_STEP": "9"})
+    assert p.returncode == -signal.SIGKILL, p.stderr[-3000:]
+    assert not (run / "results.json").exists()  # killed: no record at all, never a partial one
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["global_step"] == 8 and ckpt["mlmlab_resume"]["sampler"] == {"epoch": 0, "start": 8}
+    assert [r["step"] for r in _log(run)] == list(range(1, 10))  # the killed run logged step 9, lost on resume
+
+    p = _cli([*args, f"resume={run}"], cache_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    full, resumed = _params(uninterrupted), _params(run)
+    assert full.keys() == resumed.keys()
+    assert all(torch.equal(full[k], resumed[k]) for k in full), "parameters differ after resume"
+    assert _log(run) == _log(uninterrupted)  # steps 1-8 from before the kill, 9-14 after the resume: identical
+    r = json.loads((run / "results.json").read_text())
+    assert r["status"] == "ok" and r["resumed_from"].endswith("last.ckpt") and r["metrics"]["train/steps"] == 14
+    ref = json.loads((uninterrupted / "results.json").read_text())
+    assert r["metrics"]["val/mlm_loss_r15"] == ref["metrics"]["val/mlm_loss_r15"]
+
+
+def test_sigterm_checkpoints_then_resume_is_bitwise_exact(uninterrupted, cache_dir, tmp_path):
+    """No periodic checkpoints: SIGTERM (preemption) after step 9 -- the end of epoch 0 -- saves one, the job exits
+    non-zero with a failed record saying how to resume, and resuming ends where the uninterrupted run ends."""
+    run = tmp_path / "run"
+    args = [*SMALL, f"hydra.run.dir={run}"]
+    p = _cli(args, cache_dir, env={"MLMLAB_FAULT_SIGTERM_AT_STEP": "9"})
+    assert p.returncode == 1, p.stderr[-3000:]
+    r = json.loads((run / "results.json").read_text())
+    assert r["status"] == "failed" and r["error"]["type"] == "Preempted"
+    assert "SIGTERM at step 9" in r["error"]["message"] and f"resume={run}" in r["error"]["message"]
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 9
+
+    p = _cli([*args, f"resume={run / 'checkpoints' / 'last.ckpt'}"], cache_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    full, resumed = _params(uninterrupted), _params(run)
+    assert all(torch.equal(full[k], resumed[k]) for k in full)
+    assert _log(run) == _log(uninterrupted)
+    assert json.loads((run / "results.json").read_text())["status"] == "ok"  # the ok record replaces the failed one
+
+
+def test_resume_errors_name_the_key_before_any_work(cfg_factory, tmp_path, uninterrupted):
+    with pytest.raises(ConfigError, match=r"resume='/does/not/exist'.*does not exist"):
+        validate(cfg_factory("resume=/does/not/exist"))
+    with pytest.raises(ConfigError, match=r"trainer.checkpoint_every_n_steps=0 must be >= 1 or null"):
+        validate(cfg_factory("trainer.checkpoint_every_n_steps=0"))
+    with pytest.raises(ConfigError, match=r"trainer.nonfinite='ignore' is not known; allowed: error, skip, off"):
+        validate(cfg_factory("trainer.nonfinite=ignore"))
+    # another run's checkpoint (a different mask rate): refused, naming what differs
+    cfg = cfg_factory(*SMALL[1:], "mask.rate=0.3", f"resume={uninterrupted}", output_dir=tmp_path / "other")
+    with pytest.raises(ConfigError, match=r"different config \(mask.rate: 0.15 -> 0.3"):
+        train(cfg)
+
+
+# ------------------------------------------------------------------------------------------- atomic records
+
+
+CHILD = """
+import sys
+from pathlib import Path
+from mlmlab.results import RunRecord
+rec = RunRecord(Path(sys.argv[1]), {"big": "x" * 4_000_000})
+rec.set(status="ok", metrics={"downstream/score": 1.0})
+print("ready", flush=True)
+while True:
+    rec.write()
+"""
+
+
+def test_sigkill_during_results_write_never_leaves_a_truncated_record(tmp_path):
+    """10 writers of a 4 MB record, each SIGKILLed at a random moment of its write loop: results.json is always
+    absent or complete (temp file + os.replace), never a truncated file."""
+    rng = random.Random(0)
+    seen_complete = 0
+    for i in range(10):
+        out = tmp_path / f"job{i % 2}"  # also kills over an existing complete record
+        p = subprocess.Popen([sys.executable, "-c", CHILD, str(out)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.0, 0.3))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        f = out / "results.json"
+        if f.exists():
+            r = json.loads(f.read_text())  # raises on a truncated file
+            assert r["status"] == "ok" and len(r["config"]["big"]) == 4_000_000
+            seen_complete += 1
+    assert seen_complete >= 5
+
+
+def test_checkpoint_write_is_atomic(tmp_path):
+    from mlmlab.guard import atomic_save_checkpoint
+
+    class Dying:
+        is_global_zero = True
+
+        def save_checkpoint(self, path):
+            Path(path).write_bytes(b"half a checkpo")
+            raise KeyboardInterrupt  # killed mid-write
+
+    final = tmp_path / "checkpoints" / "last.ckpt"
+    final.parent.mkdir()
+    final.write_bytes(b"the previous good checkpoint")
+    with pytest.raises(KeyboardInterrupt):
+        atomic_save_checkpoint(Dying(), final)
+    assert final.read_bytes() == b"the previous good checkpoint"
+
+
+# ------------------------------------------------------------------------------------------- sweeps
+
+
+def test_sweep_killed_midway_is_completed_by_rerunning_it(tmp_path, cache_dir):
+    """A multirun whose machine dies (SIGKILL) in its second job: re-running the same command with
+    skip_completed=true skips the finished job and runs the killed one; the summary then says 2 of 2 ok."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", "debug=fast", "logger=none", "downstream=none", "data.n_docs=200", "trainer.max_steps=4,12",
+            f"hydra.sweep.dir={sweep}"]
+    p = _cli(args, cache_dir, env={"MLMLAB_FAULT_KILL_AT_STEP": "8"})
+    assert p.returncode == -signal.SIGKILL
+    jobs = sorted(d for d in sweep.iterdir() if d.is_dir())
+    assert json.loads((jobs[0] / "results.json").read_text())["status"] == "ok"
+    assert not (jobs[1] / "results.json").exists()
+    first = json.loads((jobs[0] / "results.json").read_text())["finished_at"]
+
+    p = _cli([*args, "skip_completed=true"], cache_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    log = p.stdout + p.stderr
+    assert f"{jobs[0]}/results.json is complete" in log
+    assert json.loads((jobs[0] / "results.json").read_text())["finished_at"] == first  # not run again
+    assert json.loads((jobs[1] / "results.json").read_text())["status"] == "ok"
+    assert "multirun summary: 2 of 2 jobs ok" in log
+    assert json.loads((sweep / "summary.json").read_text())["failed"] == []
+
+
+def test_multirun_with_a_crashing_job_finishes_the_others_and_says_why(tmp_path, cache_dir):
+    sweep = tmp_path / "sweep"
+    p = run_cli(["-m", "debug=fast", "logger=none", "downstream=none", "data.n_docs=200", "trainer.max_steps=2",
+                 "mask.rate=1.5,0.15", f"hydra.sweep.dir={sweep}"], cache_dir)
+    assert p.returncode != 0  # Hydra re-raises the first failure, after every job has run
+    bad, good = sorted(d for d in sweep.iterdir() if d.is_dir())
+    assert json.loads((good / "results.json").read_text())["status"] == "ok"
+    r = json.loads((bad / "results.json").read_text())
+    assert r["status"] == "failed" and "mask.rate=1.5" in r["error"]["message"]
+    log = p.stdout + p.stderr
+    assert "multirun summary: 1 of 2 jobs ok, 1 failed" in log
+    assert f"FAILED {bad.name}: failed: ConfigError: mask.rate=1.5 must be in the open interval" in log
+    s = json.loads((sweep / "summary.json").read_text())
+    assert s["jobs"] == 2 and [f["dir"] for f in s["failed"]] == [bad.name]
+
+
+# ------------------------------------------------------------------------------------------- caches
+
+
+def test_a_corrupt_cache_entry_is_rebuilt_with_a_warning(cfg_factory, tmp_path, caplog):
+    import numpy as np
+
+    from mlmlab.data.corpus import get_blocks
+
+    cache = tmp_path / "cache"
+    cfg = cfg_factory("data.n_docs=200", f"paths.cache_dir={cache}")
+    tok, blocks = get_blocks(cfg)
+    want = blocks["train"]["input_ids"].clone()
+    (f,) = [p for p in (cache / "blocks").rglob("input_ids.npy") if len(np.load(p)) == len(want)]
+    raw = bytearray(f.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # one flipped byte, same size
+    f.write_bytes(bytes(raw))
+    tokjson = next((cache / "tokenizer").rglob("tokenizer.json"))
+    tokjson.write_text(tokjson.read_text()[:100])  # truncated
+    with caplog.at_level("WARNING", logger="mlmlab.data.cache"):
+        tok2, blocks2 = get_blocks(cfg)
+    msgs = [r.getMessage() for r in caplog.records]
+    assert any("blocks/" in m and "does not match its content hash" in m and "input_ids.npy" in m for m in msgs), msgs
+    assert any("tokenizer/" in m and "(tokenizer.json has 100 bytes" in m for m in msgs), msgs
+    assert torch.equal(blocks2["train"]["input_ids"], want)
+    assert tok2.get_vocab() == tok.get_vocab()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="mlmlab.data.cache"):
+        get_blocks(cfg)  # intact now: used as is, silently
+    assert not caplog.records
+    manifest = next((cache / "tokenizer").rglob("content.json"))
+    manifest.unlink()  # an entry from before content hashes: one is recorded, with a warning
+    with caplog.at_level("WARNING", logger="mlmlab.data.cache"):
+        get_blocks(cfg)
+    assert any("has no content hash" in r.getMessage() for r in caplog.records) and manifest.exists()
+
+
+# ------------------------------------------------------------------------------------------- non-finite
+
+
+class NaNGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * float("nan")
+
+
+def _poison(monkeypatch, at_step: int, kind: str):
+    from mlmlab.lit.mlm import MLMModule
+
+    orig = MLMModule.training_step
+
+    def step(self, batch, batch_idx):
+        loss = orig(self, batch, batch_idx)
+        if self.global_step == at_step - 1:  # the optimizer step that would complete step `at_step`
+            return loss * float("nan") if kind == "loss" else NaNGrad.apply(loss)
+        return loss
+
+    monkeypatch.setattr(MLMModule, "training_step", step)
+
+
+@pytest.mark.parametrize("kind", ["loss", "gradient"])
+def test_nonfinite_stops_the_job_naming_the_step_and_keeps_the_last_good_checkpoint(kind, cfg_factory, tmp_path,
+                                                                                     monkeypatch):
+    from mlmlab.analysis import read_wandb_offline, wandb_run_dirs
+    from mlmlab.guard import NonFiniteError
+
+    _poison(monkeypatch, 6, kind)
+    out = tmp_path / "run"
+    cfg = cfg_factory("downstream=none", "data.n_docs=200", "trainer.max_steps=10",
+                      "trainer.checkpoint_every_n_steps=4", output_dir=out)
+    with pytest.raises(NonFiniteError, match=f"non-finite {kind} at step 6"):
+        train(cfg)
+    r = json.loads((out / "results.json").read_text())
+    assert r["status"] == "failed" and r["error"]["type"] == "NonFiniteError" and "step 6" in r["error"]["message"]
+    assert r["checkpoint"] == str(out / "checkpoints" / "last.ckpt")
+    ckpt = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 4  # the last good one; nothing saved after the bad step
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
+    (run_dir,) = wandb_run_dirs(out)
+    assert read_wandb_offline(run_dir)["exit_code"] == 1  # failed in W&B too
+
+
+def test_nonfinite_skip_drops_the_batch_and_counts_it(cfg_factory, tmp_path, monkeypatch):
+    _poison(monkeypatch, 3, "loss")
+    cfg = cfg_factory("logger=none", "downstream=none", "data.n_docs=200", "trainer.max_steps=6",
+                      "trainer.nonfinite=skip", output_dir=tmp_path / "run")
+    metrics = train(cfg)
+    assert metrics["train/skipped_nonfinite"] == 1.0 and metrics["train/steps"] == 6
+    r = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert r["status"] == "ok" and r["metrics"]["train/skipped_nonfinite"] == 1.0
+    params = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    assert all(torch.isfinite(v).all() for v in params.values())
+
+
+# ------------------------------------------------------------------------------------------- W&B
+
+
+def test_a_failing_wandb_init_does_not_lose_the_result(cfg_factory, tmp_path, monkeypatch):
+    import wandb
+
+    def boom(*a, **k):
+        raise RuntimeError("wandb service unreachable")
+
+    monkeypatch.setattr(wandb, "init", boom)
+    out = tmp_path / "run"
+    metrics = train(cfg_factory("downstream=none", "data.n_docs=200", "trainer.max_steps=2", output_dir=out))
+    r = json.loads((out / "results.json").read_text())
+    assert r["status"] == "ok" and r["wandb_error"] == "RuntimeError: wandb service unreachable"
+    assert r["metrics"]["val/mlm_loss_r15"] == metrics["val/mlm_loss_r15"]
+
+
+def test_an_unwritable_wandb_dir_does_not_lose_the_result(cfg_factory, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "wandb").write_text("a file where W&B wants its folder")
+    train(cfg_factory("downstream=none", "data.n_docs=200", "trainer.max_steps=2", output_dir=out))
+    r = json.loads((out / "results.json").read_text())
+    assert r["status"] == "ok" and "Not a directory" in r["wandb_error"]  # W&B failed; the record is there
+
+
+# ------------------------------------------------------------------------------------------- bad data
+
+
+def test_non_utf8_corpus_names_file_and_line(cfg_factory, tmp_path):
+    from mlmlab.data.corpus import get_blocks
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"a fine first line\nanother fine line\nbad \xff\xfe bytes here\nlast\n")
+    cfg = cfg_factory("data=text_files", f"data.path={corpus}", f"paths.cache_dir={tmp_path / 'cache'}")
+    validate(cfg)
+    with pytest.raises(ConfigError, match=rf"data.path: {corpus}, line 3 \(byte 40\): not valid UTF-8"):
+        get_blocks(cfg)
+
+
+def test_check_utf8_across_chunk_boundaries(tmp_path):
+    from mlmlab.data.corpus import check_utf8
+
+    f = tmp_path / "a.txt"
+    f.write_bytes(("é" * 10 + "\n").encode() * 3)
+    check_utf8(f, chunk=3)  # multi-byte characters cut by chunk ends are fine
+    f.write_bytes(("é" * 10 + "\n").encode() * 3 + b"x\xc3")  # a cut-off character at the very end
+    with pytest.raises(ConfigError, match="line 4 .byte 64."):
+        check_utf8(f, chunk=4)
+
+
+def test_long_lines_are_packed_over_blocks_and_counted(cfg_factory, tmp_path):
+    from mlmlab.data.corpus import get_blocks
+
+    words = [f"w{i % 50}" for i in range(3000)]
+    docs = [" ".join(words)] + [f"short document number {i} with some words" for i in range(60)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(docs) + "\n")
+    cfg = cfg_factory("data=text_files", f"data.path={corpus}", "data.max_seq_len=32",
+                      f"paths.cache_dir={tmp_path / 'cache'}")
+    report: dict = {}
+    tok, blocks = get_blocks(cfg, report)
+    assert report["train"]["long_docs"] == 1 and report["train"]["max_doc_tokens"] >= 3000
+    assert report["train"]["blocks"] == len(blocks["train"]["input_ids"]) > 3000 // 30  # chunked, nothing dropped
+
+
+def test_corpus_smaller_than_one_batch_fails_before_training(cfg_factory, tmp_path):
+    cfg = cfg_factory("logger=none", "downstream=none", "data.n_docs=200", "data.batch_size=512",
+                      output_dir=tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"data.batch_size=512 is larger than the \d+ training blocks"):
+        train(cfg)
+    r = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert r["status"] == "failed" and r["timings_s"].get("pretrain") is None
+
+
+def test_resumable_sampler_keeps_the_old_order_and_resumes_anywhere():
+    """Same batches as the DataLoader(shuffle=True, generator=seed) the data module used before, epoch after epoch;
+    started from any saved (epoch, start) it yields exactly the rest of that stream."""
+    from torch.utils.data import DataLoader
+
+    from mlmlab.guard import ResumableSampler
+
+    ds = list(range(50))
+    old = DataLoader(ds, batch_size=8, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(3))
+    stream = [b.tolist() for _ in range(4) for b in old]  # 6 batches per epoch
+    new = DataLoader(ds, batch_size=8, sampler=ResumableSampler(50, 8, 3), drop_last=True)
+    assert [b.tolist() for _ in range(4) for b in new] == stream
+    for epoch, start in ((0, 0), (1, 3), (2, 6), (0, 5)):
+        s = ResumableSampler(50, 8, 3)
+        s.load_state_dict({"epoch": epoch, "start": start})
+        dl = DataLoader(ds, batch_size=8, sampler=s, drop_last=True)
+        got = [b.tolist() for _ in range(4 - epoch) for b in dl]
+        assert got[: len(stream) - 6 * epoch - start] == stream[6 * epoch + start:]
