@@ -523,9 +523,9 @@ def validate(cfg: DictConfig) -> None:
     _check_choice("optim.name", o.name, ("adamw",))
     _check_choice("optim.schedule", o.schedule, LR_SCHEDULES)
     _check(o.lr > 0, f"optim.lr={o.lr} must be > 0")
-    _check_choice("optim.impl", o.get("impl", "auto"), OPTIM_IMPLS)
+    _check_choice("optim.impl", o.impl, OPTIM_IMPLS)
     _check_choice("trainer.precision", str(cfg.trainer.precision), PRECISIONS)
-    _check(not (o.get("impl") == "fused" and "mixed" in str(cfg.trainer.precision) and cfg.trainer.gradient_clip_val),
+    _check(not (o.impl == "fused" and "mixed" in str(cfg.trainer.precision) and cfg.trainer.gradient_clip_val),
            f"optim.impl=fused cannot be combined with trainer.precision={cfg.trainer.precision} and "
            f"trainer.gradient_clip_val={cfg.trainer.gradient_clip_val} (Lightning refuses to clip the gradients of a "
            "fused optimizer under mixed precision); allowed: optim.impl=foreach, or trainer.gradient_clip_val=null")

@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import Sampler
+
+from mlmlab.data.datamodule import ResumableSampler
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +87,7 @@ def check_resume(resume: str, config: dict) -> Path:
     naming ``resume`` and the keys that differ otherwise: an exact resume cannot change the run it continues)."""
     from mlmlab.config import ConfigError
 
-    path = resume_path(resume)
-    if not path.is_file():
-        raise ConfigError(f"resume={resume!r}: {path} does not exist")
+    path = resume_path(resume)  # that it exists was checked by mlmlab.config.validate_reliability
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except Exception as e:
@@ -109,75 +108,6 @@ def check_resume(resume: str, config: dict) -> Path:
 
 
 # -------------------------------------------------------------------------------------------------------- data
-
-
-class ResumableSampler(Sampler[int]):
-    """Shuffled indices with a position that survives a restart: ``(epoch, start)`` says which epoch the next
-    ``__iter__`` yields and how many batches of it to skip. ``__len__`` stays the full epoch, so Lightning's batch
-    counters are those of an uninterrupted run.
-
-    The order is bit for bit that of ``DataLoader(shuffle=True, generator=Generator().manual_seed(seed))`` (what the
-    data module used before): per epoch that loader draws one int64 from the generator (its iterator's base seed; only
-    for the first epoch with persistent workers) and then ``randperm(n)``. Here the generator is replayed up to the
-    epoch asked for, so a resumed run gets epoch e's permutation without having run epochs 0..e-1."""
-
-    def __init__(self, n: int, batch_size: int, seed: int, persistent_workers: bool = False):
-        self.n, self.batch_size, self.seed, self.persistent = n, batch_size, seed, persistent_workers
-        self.epoch, self.start = 0, 0  # what the next __iter__ yields
-        self.current = (0, 0)  # (epoch, start) of the iteration in progress
-        self._g, self._g_epoch = None, -1  # generator positioned before epoch _g_epoch's draws
-
-    def __len__(self) -> int:
-        return self.n
-
-    def permutation(self, epoch: int) -> torch.Tensor:
-        if self._g is None or self._g_epoch > epoch:
-            self._g, self._g_epoch = torch.Generator().manual_seed(self.seed), 0
-        while True:
-            if self._g_epoch == 0 or not self.persistent:
-                torch.empty((), dtype=torch.int64).random_(generator=self._g)  # the DataLoader iterator's base seed
-            perm = torch.randperm(self.n, generator=self._g)
-            # RandomSampler's trailing randperm(n)[:0], drawn when an epoch is used up (drop_last batching always does)
-            torch.randperm(self.n, generator=self._g)
-            self._g_epoch += 1
-            if self._g_epoch > epoch:
-                return perm
-
-    def __iter__(self):
-        epoch, start = self.epoch, self.start
-        if start >= self.n // self.batch_size:  # the saved position was an epoch's end (drop_last batches)
-            epoch, start = epoch + 1, 0
-        self.current = (epoch, start)
-        self.epoch, self.start = epoch + 1, 0
-        return iter(self.permutation(epoch)[start * self.batch_size:].tolist())
-
-    def state_dict(self, batches_done: int) -> dict:
-        return {"epoch": self.current[0], "start": self.current[1] + batches_done}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.start = int(state["epoch"]), int(state["start"])
-
-
-def resumable_datamodule(dm):
-    """Give a :class:`~mlmlab.data.datamodule.PretrainDataModule` a :class:`ResumableSampler` (same order as before);
-    returns the sampler, whose position :class:`Guard` saves in and restores from checkpoints."""
-    from torch.utils.data import DataLoader
-
-    sampler = ResumableSampler(len(dm.train_set), dm.batch_size, dm.seed, persistent_workers=dm.num_workers > 0)
-    plain = dm.train_dataloader
-
-    def train_dataloader() -> DataLoader:
-        trainer = getattr(dm, "trainer", None)
-        if trainer is not None and trainer.world_size > 1:  # DDP: Lightning's DistributedSampler, as before
-            log.warning("trainer.world_size=%d: a resumed run restarts the data order of its epoch (exact data-order "
-                        "resume is single-process only)", trainer.world_size)
-            return plain()
-        return DataLoader(dm.train_set, batch_size=dm.batch_size, sampler=sampler, drop_last=True,
-                          generator=torch.Generator().manual_seed(dm.seed + 1), num_workers=dm.num_workers,
-                          persistent_workers=dm.num_workers > 0)
-
-    dm.train_dataloader = train_dataloader
-    return sampler
 
 
 # -------------------------------------------------------------------------------------------------------- guard

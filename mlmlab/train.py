@@ -196,14 +196,14 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     from mlmlab.data.vocab_stats import make_sampler_context
     from mlmlab.downstream import run_downstream
     from mlmlab.flops import steps_for_budget
-    from mlmlab.guard import Guard, atomic_save_checkpoint, check_resume, resumable_datamodule
+    from mlmlab.guard import Guard, atomic_save_checkpoint, check_resume
     from mlmlab.masking import mask_once
     from mlmlab.masking.replacement import UniformSampler
     from mlmlab.models.encoder import EncoderConfig
 
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     warnings.filterwarnings("ignore", ".*exists and is not empty.*")
-    # resume: the ResumableSampler's position travels in the checkpoint (mlmlab.guard), which Lightning cannot see
+    # resume: the data module's ResumableSampler position travels in the checkpoint (mlmlab.guard)
     warnings.filterwarnings("ignore", ".*your dataloader is not resumable.*")
     rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", 0)))
 
@@ -269,11 +269,10 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     module = build_module(cfg, encoder_cfg, max(1, max_steps), sampler, schedule)
     record.set(model=model_record(module, encoder_cfg))
-    if cfg.trainer.get("compile") and objective != "none":
+    if cfg.trainer.compile and objective != "none":
         module.encoder().compile()  # in place: the state dict keeps its keys (checkpoints, export, fine-tuning)
     t = cfg.trainer
-    sampler_state = resumable_datamodule(dm)
-    guard = Guard(out_dir / "checkpoints", t.checkpoint_every_n_steps, t.nonfinite, sampler_state,
+    guard = Guard(out_dir / "checkpoints", t.checkpoint_every_n_steps, t.nonfinite, dm.sampler,
                   out_dir / "train_log.jsonl", t.log_every_n_steps)
     ckpt_path = None
     if cfg.get("resume") is not None:

@@ -38,7 +38,7 @@ class EncoderConfig:
     @classmethod
     def from_model_cfg(cls, model_cfg, vocab_size: int, causal: bool = False) -> EncoderConfig:
         keys = set(cls.__dataclass_fields__) - {"vocab_size", "causal"}
-        return cls(vocab_size=vocab_size, causal=causal, **{k: model_cfg[k] for k in keys if k in model_cfg})
+        return cls(vocab_size=vocab_size, causal=causal, **{k: model_cfg[k] for k in keys})
 
     def to_dict(self) -> dict:
         return asdict(self)
