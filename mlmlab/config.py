@@ -90,6 +90,7 @@ class ModelConfig:
     attention_dropout: float = 0.1
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
+    norm: str = "post"  # post (BERT; exact BertForMaskedLM parity) | pre (pre-LN blocks + a final LayerNorm)
     grad_checkpointing: bool = False  # recompute each layer's activations in backward: less memory, ~1/3 more compute
 
 
@@ -154,6 +155,9 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-6
     warmup_steps: int = 40
+    # warmup as a fraction of the run's steps (budget runs, whose step count is only known at the start); when set it
+    # replaces warmup_steps. With schedule=linear and min_lr_ratio=0 the lr decays to 0 at the budget's last step
+    warmup_frac: float | None = None
     schedule: str = "linear"  # decay after warmup: linear | cosine | constant
     min_lr_ratio: float = 0.0
     impl: str = "auto"  # torch.optim.AdamW's implementation: auto (torch's choice) | for_loop | foreach | fused
@@ -515,6 +519,9 @@ def validate(cfg: DictConfig) -> None:
     )
 
     m = cfg.model
+    from mlmlab.models.encoder import NORMS
+
+    _check_choice("model.norm", m.norm, NORMS)
     _check(m.hidden_size % m.num_heads == 0, f"model.hidden_size={m.hidden_size} must be divisible by model.num_heads={m.num_heads}")
     for k in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
         _check(getattr(m, k) >= 1, f"model.{k}={getattr(m, k)} must be >= 1")
@@ -523,6 +530,9 @@ def validate(cfg: DictConfig) -> None:
     _check_choice("optim.name", o.name, ("adamw",))
     _check_choice("optim.schedule", o.schedule, LR_SCHEDULES)
     _check(o.lr > 0, f"optim.lr={o.lr} must be > 0")
+    _check(o.warmup_frac is None or 0 <= o.warmup_frac < 1,
+           f"optim.warmup_frac={o.warmup_frac} must be in [0, 1) or null (then optim.warmup_steps is used)")
+    _check(o.warmup_steps >= 0, f"optim.warmup_steps={o.warmup_steps} must be >= 0")
     _check_choice("optim.impl", o.impl, OPTIM_IMPLS)
     _check_choice("trainer.precision", str(cfg.trainer.precision), PRECISIONS)
     _check(not (o.impl == "fused" and "mixed" in str(cfg.trainer.precision) and cfg.trainer.gradient_clip_val),

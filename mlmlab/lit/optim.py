@@ -47,7 +47,13 @@ def adamw_with_schedule(model: nn.Module, lr: float, weight_decay: float, betas,
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
+def warmup_steps(o: dict, total: int) -> int:
+    """``optim.warmup_frac`` x the run's steps (rounded) when set, else ``optim.warmup_steps``."""
+    frac = o.get("warmup_frac")
+    return o["warmup_steps"] if frac is None else int(round(frac * total))
+
+
 def adamw_from_cfg(model: nn.Module, o: dict, total: int):
     """``adamw_with_schedule`` from an ``optim.*`` dict (pretraining modules)."""
-    return adamw_with_schedule(model, o["lr"], o["weight_decay"], o["betas"], o["eps"], o["warmup_steps"], total,
+    return adamw_with_schedule(model, o["lr"], o["weight_decay"], o["betas"], o["eps"], warmup_steps(o, total), total,
                                o["schedule"], o["min_lr_ratio"], o.get("impl", "auto"))

@@ -55,10 +55,12 @@ class Generator(nn.Module):
         self.embeddings_project = (nn.Linear(embedding_size, gc.hidden_size) if gc.hidden_size != embedding_size
                                    else nn.Identity())
         self.encoder = Stack(gc)
+        self.LayerNorm = nn.LayerNorm(gc.hidden_size, eps=gc.layer_norm_eps) if gc.pre_norm else None  # as Encoder
         self.cls = MLMHead(embedding_size, gc.vocab_size, gc.layer_norm_eps, d_in=gc.hidden_size)
 
     def forward(self, embedded: torch.Tensor, attn_mask) -> torch.Tensor:
-        return self.encoder(self.embeddings_project(embedded), attn_mask)
+        x = self.encoder(self.embeddings_project(embedded), attn_mask)
+        return x if self.LayerNorm is None else self.LayerNorm(x)
 
 
 class ElectraForPretraining(nn.Module):

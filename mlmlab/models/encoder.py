@@ -1,8 +1,12 @@
-"""A BERT-style encoder (post-LN, learned positions, SDPA attention) with a tied MLM decoder, and the same encoder with
-a causal mask as a next-token language model (``objective=clm``).
+"""A BERT-style encoder (learned positions, SDPA attention) with a tied MLM decoder, and the same encoder with a causal
+mask as a next-token language model (``objective=clm``).
 
-Parameter names follow transformers' ``BertForMaskedLM`` exactly, so ``BertForMLM().state_dict()`` loads into
-``BertForMaskedLM`` (and back) and both give the same logits; ``tests/test_encoder.py`` checks that.
+``norm="post"`` (BERT): LayerNorm after each residual sum. Parameter names follow transformers' ``BertForMaskedLM``
+exactly, so ``BertForMLM().state_dict()`` loads into ``BertForMaskedLM`` (and back) with the same logits.
+``norm="pre"`` (every budget recipe: cramming, Izsak et al. 2021, DinkyTrain): LayerNorm at the input of each
+sub-layer and once after the last layer; the residual stream is never normalised, so gradients reach the lower layers
+unscaled and a short, high-lr run leaves the unigram plateau. It is the block of transformers'
+``RobertaPreLayerNormForMaskedLM`` (mlmlab.export maps the names). ``tests/test_encoder.py`` checks both.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from mlmlab.models.heads import ClassificationHead, MLMHead
 
 IGNORE_INDEX = -100
+NORMS = ("post", "pre")
 
 
 @dataclass
@@ -32,6 +37,7 @@ class EncoderConfig:
     attention_dropout: float = 0.1
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
+    norm: str = "post"  # post (BERT) | pre (LayerNorm before each sub-layer + a final LayerNorm)
     causal: bool = False  # causal self-attention (objective=clm); inputs must be right-padded
     grad_checkpointing: bool = False  # training: keep only each layer's input, recompute the rest in backward
 
@@ -39,6 +45,14 @@ class EncoderConfig:
     def from_model_cfg(cls, model_cfg, vocab_size: int, causal: bool = False) -> EncoderConfig:
         keys = set(cls.__dataclass_fields__) - {"vocab_size", "causal"}
         return cls(vocab_size=vocab_size, causal=causal, **{k: model_cfg[k] for k in keys})
+
+    def __post_init__(self):
+        if self.norm not in NORMS:
+            raise ValueError(f"model.norm={self.norm!r} is not known; allowed: {', '.join(NORMS)}")
+
+    @property
+    def pre_norm(self) -> bool:
+        return self.norm == "pre"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -79,33 +93,38 @@ class SelfAttention(nn.Module):
 
 
 class SelfOutput(nn.Module):
+    """dense -> dropout -> + residual; post-LN normalises the sum (BERT), pre-LN leaves the residual stream alone."""
+
     def __init__(self, c: EncoderConfig, d_in: int):
         super().__init__()
         self.dense = nn.Linear(d_in, c.hidden_size)
-        self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.LayerNorm = None if c.pre_norm else nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(y)) + residual)  # post-LN, as in BERT
+        x = self.dropout(self.dense(y)) + residual
+        return x if self.LayerNorm is None else self.LayerNorm(x)
 
 
 class Attention(nn.Module):
     def __init__(self, c: EncoderConfig):
         super().__init__()
+        self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps) if c.pre_norm else None
         self.self = SelfAttention(c)
         self.output = SelfOutput(c, c.hidden_size)
 
     def forward(self, x, attn_mask):
-        return self.output(self.self(x, attn_mask), x)
+        return self.output(self.self(x if self.LayerNorm is None else self.LayerNorm(x), attn_mask), x)
 
 
 class Intermediate(nn.Module):
     def __init__(self, c: EncoderConfig):
         super().__init__()
+        self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps) if c.pre_norm else None
         self.dense = nn.Linear(c.hidden_size, c.intermediate_size)
 
     def forward(self, x):
-        return F.gelu(self.dense(x))
+        return F.gelu(self.dense(x if self.LayerNorm is None else self.LayerNorm(x)))
 
 
 class Layer(nn.Module):
@@ -141,9 +160,12 @@ class Encoder(nn.Module):
         self.config = c
         self.embeddings = Embeddings(c)
         self.encoder = Stack(c)
+        # pre-LN: the residual stream is normalised once, after the last layer
+        self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps) if c.pre_norm else None
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
-        return self.encoder(self.embeddings(input_ids, token_type_ids), self.attn_mask(attention_mask))
+        x = self.encoder(self.embeddings(input_ids, token_type_ids), self.attn_mask(attention_mask))
+        return x if self.LayerNorm is None else self.LayerNorm(x)
 
     def attn_mask(self, attention_mask):
         """What the attention layers get. Causal: no padding mask is needed because padding is on the right, so a real
