@@ -59,6 +59,7 @@ class DataConfig:
     hub_split: str = "train"
     hub_val_split: str | None = None  # null: the last val_fraction of hub_split
     text_column: str = "text"
+    strip_html: bool = False  # remove HTML tags (<br />) and decode entities in every document (scraped reviews)
     # tokenization: datasets.map(batched=True, num_proc=num_proc), cached by config hash under paths.cache_dir
     num_proc: int = 1
     # loading
@@ -169,6 +170,9 @@ class BudgetConfig:
 
     tokens: float | None = None  # training tokens (batch x seq x accumulation per step)
     flops: float | None = None  # training FLOPs (fwd + bwd matmuls from the model shapes, sparse MLM head)
+    # wall-clock seconds of training (trainer.fit): a timing probe before training turns them into a step count,
+    # recorded in results.json (budget.steps, budget.calibration); rerun it exactly with trainer.max_steps=<steps>
+    seconds: float | None = None
 
 
 @dataclass
@@ -233,6 +237,12 @@ class DownstreamConfig:
     wandb_runs: bool = False
     max_train_examples: int | None = None  # the first N training examples of each task (quick runs); null: all
     val_fraction: float = 0.1  # held out of train for tasks without a validation split, when one is needed
+    # the selection split (lr grid, early stopping; scored after every epoch of every fine-tuning) is cut to its first
+    # N examples; null: all of it (SST-2's held-out 10% of train is 6,735 phrases)
+    max_selection_examples: int | None = 2000
+    # also fine-tune the untrained encoder (the init of `seed`) with the same protocol: random_init/<task>/<metric> and
+    # the paired per-seed gain gain/<task>/<metric> (+ _ci95, _p) in the same job
+    random_init_baseline: bool = False
     # built-in tasks: sizes of the generated splits
     builtin_n_train: int = 512
     builtin_n_test: int = 1000
@@ -444,6 +454,8 @@ def validate_downstream(cfg: DictConfig, objective: str, max_positions: int) -> 
            f"downstream.finetune.early_stopping_patience={f.early_stopping_patience} must be >= 1 or null")
     _check(ds.max_train_examples is None or ds.max_train_examples >= 1,
            f"downstream.max_train_examples={ds.max_train_examples} must be >= 1 or null")
+    _check(ds.max_selection_examples is None or ds.max_selection_examples >= 1,
+           f"downstream.max_selection_examples={ds.max_selection_examples} must be >= 1 or null")
     _check(0 < ds.val_fraction < 1, f"downstream.val_fraction={ds.val_fraction} must be in (0, 1)")
     _check(len(set(ds.seeds)) == len(ds.seeds), f"downstream.seeds={list(ds.seeds)} has duplicates")
     _check(
@@ -454,7 +466,7 @@ def validate_downstream(cfg: DictConfig, objective: str, max_positions: int) -> 
 
 
 OPTIM_IMPLS = ("auto", "for_loop", "foreach", "fused")
-PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "32", "16", "bf16", "64")
+PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "32", "16", "bf16", "64")
 
 
 def validate(cfg: DictConfig) -> None:
@@ -535,16 +547,25 @@ def validate(cfg: DictConfig) -> None:
     _check(o.warmup_steps >= 0, f"optim.warmup_steps={o.warmup_steps} must be >= 0")
     _check_choice("optim.impl", o.impl, OPTIM_IMPLS)
     _check_choice("trainer.precision", str(cfg.trainer.precision), PRECISIONS)
-    _check(not (o.impl == "fused" and "mixed" in str(cfg.trainer.precision) and cfg.trainer.gradient_clip_val),
+    _check_bf16(cfg.trainer)
+    from mlmlab.hardware import resolve_precision
+
+    _check(not (o.impl == "fused" and "mixed" in resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)
+                and cfg.trainer.gradient_clip_val),
            f"optim.impl=fused cannot be combined with trainer.precision={cfg.trainer.precision} and "
            f"trainer.gradient_clip_val={cfg.trainer.gradient_clip_val} (Lightning refuses to clip the gradients of a "
            "fused optimizer under mixed precision); allowed: optim.impl=foreach, or trainer.gradient_clip_val=null")
     _check(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), f"optim.betas={list(o.betas)} must be two values in [0, 1)")
     _check(cfg.trainer.max_steps >= 1, f"trainer.max_steps={cfg.trainer.max_steps} must be >= 1")
     b = cfg.trainer.budget
-    _check(b.tokens is None or b.flops is None,
-           f"set at most one of trainer.budget.tokens={b.tokens} and trainer.budget.flops={b.flops}")
-    for k in ("tokens", "flops"):
+    set_ = [f"trainer.budget.{k}={b[k]}" for k in ("tokens", "flops", "seconds") if b[k] is not None]
+    _check(len(set_) <= 1, f"set at most one budget, not {' and '.join(set_)}")
+    if b.seconds is not None:
+        from mlmlab.flops import world_size
+
+        _check(world_size(cfg.trainer) == 1, "trainer.budget.seconds calibrates the step count on one process; with "
+               f"trainer.devices={cfg.trainer.devices} use trainer.budget.tokens or trainer.max_steps")
+    for k in ("tokens", "flops", "seconds"):
         v = b[k]
         _check(v is None or (v > 0 and math.isfinite(v)), f"trainer.budget.{k}={v} must be > 0 or null")
     validate_reliability(cfg)
@@ -553,6 +574,17 @@ def validate(cfg: DictConfig) -> None:
 
     if cfg.logger.wandb is not None:
         _check_choice("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
+
+
+def _check_bf16(t) -> None:
+    """bf16 asked for on a CPU that only emulates it (slower than fp32): an error, with the ways out."""
+    from mlmlab.hardware import BF16_CPU_FLAGS, cpu_bf16_supported, on_cpu
+
+    p = str(t.precision)
+    if p.startswith("bf16") and on_cpu(t.accelerator) and not cpu_bf16_supported():
+        raise ConfigError(f"trainer.precision={p}: this CPU has no native bf16 ({' / '.join(BF16_CPU_FLAGS)}), so bf16 "
+                          "autocast would be emulated and slower than fp32; allowed here: trainer.precision=32-true, or "
+                          "auto (bf16-mixed where the device supports it, else 32-true)")
 
 
 def validate_reliability(cfg: DictConfig) -> None:

@@ -166,14 +166,42 @@ def mean_ci95(values: list[float]) -> tuple[float, float, float | None]:
 
 @torch.no_grad()
 def predict_logits(model, items: list[dict], batch_size: int) -> list[torch.Tensor]:
+    """Logits per item, in the items' order. Items are run longest first in batches of similar length (little padding;
+    a padded position never changes a real one's output), then put back in order."""
     was_training = model.training
     model.eval()
-    out, device = [], next(model.parameters()).device
-    for i in range(0, len(items), batch_size):
-        b = {k: v.to(device) for k, v in collate(items[i : i + batch_size]).items()}
-        out.extend(model(b).float().cpu())
+    device = next(model.parameters()).device
+    order = sorted(range(len(items)), key=lambda i: -len(items[i]["input_ids"]))
+    out: list = [None] * len(items)
+    for i in range(0, len(order), batch_size):
+        idx = order[i : i + batch_size]
+        b = {k: v.to(device) for k, v in collate([items[j] for j in idx]).items()}
+        for j, lg in zip(idx, model(b).float().cpu()):
+            out[j] = lg[: len(items[j]["input_ids"])] if lg.dim() > 1 else lg  # token logits: drop the batch padding
     model.train(was_training)
     return out
+
+
+class LengthBucketBatches(torch.utils.data.Sampler):
+    """Shuffled batches of similar-length items: each epoch, the items are shuffled (by ``generator``), cut into pools
+    of ``pool`` batches, each pool sorted by length and cut into batches, and the batches shuffled. Every item is seen
+    once per epoch, as with ``shuffle=True``, at a fraction of the padding (SST-2's training phrases run from 1 to 60
+    tokens)."""
+
+    def __init__(self, lengths: list[int], batch_size: int, generator: torch.Generator, pool: int = 50):
+        self.lengths, self.bs, self.g, self.pool = lengths, batch_size, generator, pool
+
+    def __iter__(self):
+        perm = torch.randperm(len(self.lengths), generator=self.g).tolist()
+        batches = []
+        for i in range(0, len(perm), self.bs * self.pool):
+            chunk = sorted(perm[i : i + self.bs * self.pool], key=lambda j: self.lengths[j])
+            batches += [chunk[k : k + self.bs] for k in range(0, len(chunk), self.bs)]
+        for k in torch.randperm(len(batches), generator=self.g).tolist():
+            yield batches[k]
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.lengths) / self.bs)
 
 
 def evaluate(model, spec: TaskSpec, split: dict, label_names: list[str], batch_size: int) -> dict[str, float]:
@@ -259,13 +287,14 @@ def _finetune_one(cfg: DictConfig, spec: TaskSpec, encoder_cfg: dict, encoder_st
     f = cfg.downstream.finetune
     pl.seed_everything(seed, workers=True, verbose=False)
     g = torch.Generator().manual_seed(seed)
-    train_dl = DataLoader(splits["train"]["items"], batch_size=f.batch_size, shuffle=True, collate_fn=collate,
-                          generator=g)
+    items = splits["train"]["items"]
+    train_dl = DataLoader(items, batch_sampler=LengthBucketBatches([len(x["input_ids"]) for x in items], f.batch_size, g),
+                          collate_fn=collate)
     total = f.epochs * len(train_dl)
     module = FinetuneModule({**encoder_cfg, "dropout": f.dropout}, len(label_names), lr, f.weight_decay, f.warmup_frac,
                             total, f.dropout, encoder_state, resolve_pooling(f.pooling, encoder_cfg),
                             token_level=spec.kind == "token")
-    eval_bs = max(64, f.batch_size)
+    eval_bs = max(256, f.batch_size)  # no gradients: large batches (of similar length, see predict_logits)
     callbacks = []
     if f.early_stopping_patience is not None and "validation" in splits:
         callbacks.append(BestOnValidation(spec, splits["validation"], label_names, eval_bs, f.early_stopping_patience))
@@ -313,6 +342,8 @@ def run_task(cfg: DictConfig, tok, spec: TaskSpec, encoder_cfg: dict, encoder_st
             from_train = True
     if ds.max_train_examples is not None:
         records["train"] = records["train"][: ds.max_train_examples]
+    if "validation" in records and ds.max_selection_examples is not None:  # scored after every epoch of every run
+        records["validation"] = records["validation"][: ds.max_selection_examples]
     splits = {s: encode_split(tok, spec, r, f) for s, r in records.items()}
     grid: dict[float, dict[int, dict]] = {}
     for lr in lrs:
@@ -356,3 +387,28 @@ def run_downstream(cfg: DictConfig, tok, encoder_cfg: dict, encoder_state: dict,
         main_scores.append(m[f"downstream/{name}/{spec.main_metric}"])
     metrics["downstream/score"] = statistics.fmean(main_scores) if main_scores else float("nan")
     return metrics, report
+
+
+def paired_gain(metrics: dict[str, float], baseline: dict[str, float], mains: dict[str, str],
+                seeds: list[int]) -> dict[str, float]:
+    """Pretrained minus baseline, paired by fine-tuning seed, for each task's primary metric: ``gain/<task>/<metric>``
+    (mean difference), ``_std``, ``_ci95`` (t interval of the mean difference; it excludes 0 when the gain is
+    significant at 5%), ``_p`` (two-sided paired t-test, scipy) and ``gain/<task>/seed_<s>/<metric>``."""
+    from scipy.stats import ttest_rel
+
+    out: dict[str, float] = {}
+    for task, m in mains.items():
+        a = [metrics[f"downstream/{task}/seed_{s}/{m}"] for s in seeds]
+        b = [baseline[f"downstream/{task}/seed_{s}/{m}"] for s in seeds]
+        diffs = [x - y for x, y in zip(a, b)]
+        mean, std, ci = mean_ci95(diffs)
+        key = f"gain/{task}/{m}"
+        out[key], out[f"{key}_std"] = mean, std
+        if ci is not None:
+            out[f"{key}_ci95"] = ci
+            if std > 0:
+                out[f"{key}_p"] = float(ttest_rel(a, b).pvalue)
+        for s, d in zip(seeds, diffs):
+            out[f"gain/{task}/seed_{s}/{m}"] = d
+    return out
+

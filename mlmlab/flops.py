@@ -98,8 +98,10 @@ def world_size(t) -> int:
     return max(1, n) * t.num_nodes
 
 
-def steps_for_budget(cfg, vocab: int, schedule, candidate_frac: float, token_frac: float = 1.0) -> tuple[int, dict]:
-    """``trainer.max_steps`` unless ``trainer.budget.tokens`` or ``.flops`` is set; returns (steps, accounting).
+def steps_for_budget(cfg, vocab: int, schedule, candidate_frac: float, token_frac: float = 1.0,
+                     steps: int | None = None) -> tuple[int, dict]:
+    """``trainer.max_steps`` unless ``trainer.budget.tokens`` or ``.flops`` is set, or ``steps`` is given (a seconds
+    budget's calibrated count); returns (steps, accounting).
 
     ``candidate_frac``: share of block positions that are real non-special tokens (what masking can select);
     ``token_frac``: share of next-token positions that are real (causal LM targets)."""
@@ -109,7 +111,9 @@ def steps_for_budget(cfg, vocab: int, schedule, candidate_frac: float, token_fra
     world = world_size(t)
     tokens_per_step = d.batch_size * d.max_seq_len * t.accumulate_grad_batches * world
     b = t.budget
-    if b.tokens is None and b.flops is None:
+    if steps is not None:
+        pass
+    elif b.tokens is None and b.flops is None:
         steps = t.max_steps
     elif b.tokens is not None:
         steps = math.floor(b.tokens / tokens_per_step)

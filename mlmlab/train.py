@@ -92,7 +92,10 @@ def finetune_runs(cfg: DictConfig, config: dict, info: dict, out_dir: Path, grou
 
 def trainer_kwargs(cfg: DictConfig) -> dict:
     t = cfg.trainer
-    return {"accelerator": t.accelerator, "precision": t.precision, "deterministic": t.deterministic,
+    from mlmlab.hardware import resolve_precision
+
+    return {"accelerator": t.accelerator, "precision": resolve_precision(t.precision, t.accelerator),
+            "deterministic": t.deterministic,
             "enable_progress_bar": t.enable_progress_bar}
 
 
@@ -252,6 +255,8 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
                      # documents longer than a block: packed over consecutive blocks, never cut off (counted)
                      **({"long_docs": {k: v["long_docs"] for k, v in packing.items()},
                          "packing": packing} if packing else {})})
+    if objective != "clm":
+        record.data["data"].update(unigram_reference(ctx.token_counts(), fixed.labels))
     log.info("data: %s", record.data["data"])
 
     run = None
@@ -267,8 +272,16 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
 
     encoder_cfg = EncoderConfig.from_model_cfg(cfg.model, vocab_size, causal=objective == "clm").to_dict()
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    if cfg.trainer.budget.seconds is not None and objective != "none":
+        with record.timer("calibrate"):
+            cal = calibrate_seconds(cfg, encoder_cfg, sampler, schedule, dm)
+        max_steps, budget = steps_for_budget(cfg, vocab_size, schedule, cand_frac, token_frac, steps=cal["steps"])
+        budget["calibration"] = cal
+        record.set(budget=budget)
+        log.info("trainer.budget.seconds=%g: %d steps (%.3f s/step, %.2f s per validation, probe %.1f s)",
+                 cal["seconds"], cal["steps"], cal["s_per_step"], cal["val_s"], cal["probe_s"])
     module = build_module(cfg, encoder_cfg, max(1, max_steps), sampler, schedule)
-    record.set(model=model_record(module, encoder_cfg))
+    record.set(model=model_record(module, encoder_cfg), precision=trainer_kwargs(cfg)["precision"])
     if cfg.trainer.compile and objective != "none":
         module.encoder().compile()  # in place: the state dict keeps its keys (checkpoints, export, fine-tuning)
     t = cfg.trainer
@@ -327,8 +340,63 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
                                                   info.get("override_dirname") or "default"))
     metrics.update(ft)
     record.set(downstream=report)
+    if cfg.downstream.random_init_baseline and cfg.downstream.tasks:
+        metrics.update(random_init_baseline(cfg, tok, encoder_cfg, ft, record))
     log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})
     return metrics
+
+
+def calibrate_seconds(cfg: DictConfig, encoder_cfg: dict, sampler, schedule, dm) -> dict:
+    """``trainer.budget.seconds`` -> the step count that fills it (mlmlab.lit.calibrate), timed on this machine."""
+    from mlmlab.lit.calibrate import calibrate_steps
+
+    t = cfg.trainer
+    kw = {**trainer_kwargs(cfg), "devices": 1, "gradient_clip_val": t.gradient_clip_val,
+          "accumulate_grad_batches": t.accumulate_grad_batches}
+    return calibrate_steps(lambda: build_module(cfg, encoder_cfg, 1000, sampler, schedule), dm.train_set, dm.val_set,
+                           cfg.data.batch_size, cfg.data.val_batch_size, kw, float(t.budget.seconds),
+                           t.val_check_interval)
+
+
+def random_init_baseline(cfg: DictConfig, tok, encoder_cfg: dict, ft: dict, record) -> dict[str, float]:
+    """``downstream.random_init_baseline=true``: the same downstream protocol (tasks, lr grid chosen on its own, seeds)
+    on the encoder this job started from, untrained (the init of ``seed``, as ``objective=none`` gets it). Returns
+    ``random_init/<task>/...`` and the paired gains ``gain/<task>/...`` (mlmlab.downstream.paired_gain)."""
+    import torch
+    from pytorch_lightning.utilities.seed import isolate_rng
+
+    from mlmlab.data.tasks import task_registry
+    from mlmlab.downstream import paired_gain, run_downstream
+    from mlmlab.models.encoder import BertForMLM, CausalLM, EncoderConfig
+
+    with isolate_rng():
+        torch.manual_seed(cfg.seed)
+        c = EncoderConfig(**encoder_cfg)
+        model = CausalLM(c) if c.causal else BertForMLM(c)
+        state = {k: v.detach().clone() for k, v in model.bert.state_dict().items()}
+    with record.timer("finetune_random_init"):
+        base, report = run_downstream(cfg, tok, encoder_cfg, state,
+                                      {**trainer_kwargs(cfg), "devices": 1, "enable_progress_bar": False})
+    record.set(downstream_random_init=report)
+    tasks = task_registry(cfg)
+    mains = {t: tasks[t].main_metric for t in cfg.downstream.tasks}
+    gain = paired_gain(ft, base, mains, list(cfg.downstream.seeds))
+    log.info("random-init baseline: %s", {k: round(v, 4) for k, v in {**base, **gain}.items() if "seed_" not in k})
+    return {**{"random_init/" + k.split("/", 1)[1]: v for k, v in base.items()}, **gain}
+
+
+def unigram_reference(counts, labels) -> dict[str, float]:
+    """The unigram plateau an MLM must leave: ``unigram_entropy`` of the training tokens (nats) and ``unigram_loss_eval``,
+    the cross-entropy of that unigram distribution (add-one smoothed) on the fixed evaluation targets -- what
+    ``val/mlm_loss_*`` would read for a model that ignores the context."""
+    import torch
+
+    c = counts.double()
+    p = c[c > 0] / c.sum()
+    targets = labels[labels != -100].long()
+    q = (c + 1) / (c.sum() + len(c))
+    return {"unigram_entropy": float(-(p * p.log()).sum()),
+            "unigram_loss_eval": float(-q[targets].log().mean()) if targets.numel() else float("nan")}
 
 
 def build_module(cfg: DictConfig, encoder_cfg: dict, max_steps: int, sampler, schedule):

@@ -58,6 +58,11 @@ def _files_key(path: str, key: str) -> list:
 
 def corpus_key(d: DictConfig) -> dict:
     """What identifies the documents of a corpus (not how they are tokenized or packed)."""
+    key = _corpus_key(d)
+    return {**key, "strip_html": True} if d.get("strip_html") else key  # unset: the keys of existing caches
+
+
+def _corpus_key(d: DictConfig) -> dict:
     if d.name == "builtin":
         return {"name": "builtin", "n_docs": d.n_docs, "n_val_docs": d.n_val_docs, "n_topics": d.n_topics,
                 "corpus_seed": d.corpus_seed, "version": 2}
@@ -144,9 +149,29 @@ def load_documents(d: DictConfig, cache_dir: str | None = None) -> dict[str, lis
     return {split: list(ds["text"]) for split, ds in document_datasets(d, cache_dir).items()}
 
 
+HTML_TAG = r"<\s*/?\s*[a-zA-Z][^<>]{0,100}>"  # <br />, <i>, </p>: markup in scraped reviews (the hub's IMDB)
+
+
+def strip_html(text: str) -> str:
+    """``data.strip_html=true``: HTML tags become one space, runs of spaces collapse, HTML entities are decoded."""
+    import html
+    import re
+
+    return re.sub(r"\s+", " ", html.unescape(re.sub(HTML_TAG, " ", text))).strip()
+
+
 def document_datasets(d: DictConfig, cache_dir: str | None = None) -> dict:
     """``{"train": Dataset, "validation": Dataset}`` (column ``text``): the built-in corpus (in memory), local text files
-    or a mixture of them (memory-mapped Arrow under ``<cache_dir>/hf``), or a hub data set (``data.hub``)."""
+    or a mixture of them (memory-mapped Arrow under ``<cache_dir>/hf``), or a hub data set (``data.hub``); with
+    ``data.strip_html`` the documents' markup removed."""
+    docs = _documents(d, cache_dir)
+    if not d.get("strip_html"):
+        return docs
+    return {k: _clean(ds.map(lambda b: {"text": [strip_html(t) for t in b["text"]]}, batched=True,
+                             keep_in_memory=not cache_dir), keep_in_memory=not cache_dir) for k, ds in docs.items()}
+
+
+def _documents(d: DictConfig, cache_dir: str | None = None) -> dict:
     import datasets
 
     if d.name == "builtin":

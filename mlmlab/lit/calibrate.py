@@ -1,0 +1,73 @@
+"""``trainer.budget.seconds``: turn a wall-clock budget into a step count before training.
+
+A short timing probe trains a throw-away copy of the job's module (same shapes, precision, batch and masking, on real
+training batches) for a few steps and runs one validation pass; the step count that fills the budget follows from the
+measured seconds per step and per validation. The run itself is then an ordinary ``max_steps`` run: its lr and
+mask-rate schedules are step schedules, and ``results.json`` records the count (``budget.steps``), so the same run is
+reproduced exactly on any machine with ``trainer.max_steps=<steps>`` and no seconds budget. The probe touches no random
+state of the job (``isolate_rng``) and not its data order (its own loader).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytorch_lightning as pl
+from pytorch_lightning.utilities.seed import isolate_rng
+from torch.utils.data import DataLoader
+
+
+class _StepTimer(pl.Callback):
+    """Seconds of the training steps after ``warm`` warm-up steps, and of the validation pass."""
+
+    def __init__(self, warm: int):
+        self.warm, self.t0, self.t_end, self.timed = warm, None, None, 0
+        self.val_s, self._v0 = None, None
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if trainer.global_step == self.warm and self.t0 is None:
+            self.t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if self.t0 is not None:
+            self.t_end, self.timed = time.perf_counter(), trainer.global_step - self.warm
+
+    def on_validation_start(self, trainer, module):
+        self._v0 = time.perf_counter()
+
+    def on_validation_end(self, trainer, module):
+        self.val_s = time.perf_counter() - self._v0
+
+
+def calibrate_steps(make_module, train_set, val_set, batch_size: int, val_batch_size: int, trainer_kwargs: dict,
+                    seconds: float, val_check_interval: int, probe_steps: int = 12, warm: int = 3) -> dict:
+    """Steps of training that fit ``seconds`` of ``trainer.fit``: steps x s_per_step + floor(steps / interval) x val_s.
+
+    ``make_module()`` builds the probe module (called inside ``isolate_rng``, so the job's own initialisation is the
+    same as without a probe). Returns the calibration record (``steps`` is what the run uses)."""
+    t_start = time.perf_counter()
+    with isolate_rng():
+        module = make_module()
+        timer = _StepTimer(warm)
+        total = warm + probe_steps
+        trainer = pl.Trainer(**{**trainer_kwargs, "enable_progress_bar": False}, max_steps=total, max_epochs=-1,
+                             val_check_interval=total, check_val_every_n_epoch=None, logger=False,
+                             enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
+                             callbacks=[timer])
+        import torch
+
+        g = torch.Generator().manual_seed(0)
+        train_dl = DataLoader(train_set, batch_size=batch_size, shuffle=True, drop_last=True, generator=g)
+        val_dl = DataLoader(val_set, batch_size=val_batch_size, shuffle=False)
+        trainer.fit(module, train_dataloaders=train_dl, val_dataloaders=val_dl)
+    if timer.t0 is None or timer.timed < 1:
+        raise RuntimeError(f"the timing probe ran {trainer.global_step} steps; it needs more than {warm} "
+                           "(fewer training blocks than warm-up + probe steps?)")
+    s_step = (timer.t_end - timer.t0) / timer.timed
+    val_s = timer.val_s or 0.0
+    per_step = s_step + val_s / max(1, val_check_interval)
+    steps = max(1, math.floor(seconds / per_step))
+    return {"seconds": seconds, "steps": steps, "s_per_step": s_step, "val_s": val_s, "probe_steps": timer.timed,
+            "warmup_steps": warm, "probe_s": time.perf_counter() - t_start,
+            "expected_fit_s": steps * s_step + (steps // max(1, val_check_interval)) * val_s}
