@@ -1,10 +1,19 @@
 """``python -m mlmlab.export checkpoint=<path> out=<dir>``: a pretraining checkpoint as a Hugging Face directory.
 
 The directory (``config.json``, weights, tokenizer files) loads with ``transformers.AutoModelForMaskedLM`` /
-``AutoTokenizer.from_pretrained(dir)`` and gives the same logits as our model: parameter names already follow
-``BertForMaskedLM`` (``tests/test_encoder.py``). MLM checkpoints export the whole masked LM. ELECTRA checkpoints export
-the discriminator and CLM checkpoints the causal encoder, as a ``BertModel`` (``AutoModel``; there is no head a
-transformers class would read the same way). Needs ``transformers`` (the ``dev`` extra).
+``AutoTokenizer.from_pretrained(dir)`` and gives the same logits as our model on right-padded inputs. The transformers
+class follows ``model.norm``:
+
+- ``post`` (BERT; checkpoints without a ``norm`` key): parameter names already follow ``BertForMaskedLM``
+  (``tests/test_encoder.py``), so the weights load as they are.
+- ``pre``: ``RobertaPreLayerNormForMaskedLM``, the same pre-LN block; :func:`to_prelayernorm` renames ``bert.*`` to
+  ``roberta_prelayernorm.*`` and the head ``cls.predictions.*`` to ``lm_head.*``, and shifts the position table: RoBERTa
+  numbers the real tokens from ``pad_token_id + 1`` (pad tokens get ``pad_token_id``), so its table is ours with
+  ``pad_token_id + 1`` rows (zeros) in front.
+
+MLM checkpoints export the whole masked LM. ELECTRA checkpoints export the discriminator and CLM checkpoints the causal
+encoder (``is_decoder``), as a ``BertModel`` / ``RobertaPreLayerNormModel`` without pooler (``AutoModel``; there is no
+head a transformers class would read the same way). Needs ``transformers`` (the ``dev`` extra).
 """
 
 from __future__ import annotations
@@ -12,22 +21,59 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import torch
+
 from mlmlab.config import ConfigError
 
+HF_NORMS = ("post", "pre")
 USAGE = "usage: python -m mlmlab.export checkpoint=<path/to/last.ckpt> out=<dir>"
 
 
+def _norm(encoder_cfg: dict) -> str:
+    norm = encoder_cfg.get("norm", "post")  # checkpoints from before model.norm are post-LN
+    if norm not in HF_NORMS:
+        raise ConfigError(f"model.norm={norm!r} cannot be exported; allowed: {', '.join(HF_NORMS)}")
+    return norm
+
+
 def hf_config(encoder_cfg: dict, **extra):
+    """The transformers config of our encoder: ``BertConfig`` (norm=post) or ``RobertaPreLayerNormConfig`` (norm=pre,
+    with ``pad_token_id + 1`` more positions, see :func:`to_prelayernorm`)."""
     import transformers
 
+    from mlmlab.data.tokenizer import CLS, PAD, SEP
+
     c = encoder_cfg
-    return transformers.BertConfig(
+    kw = dict(
         vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], num_hidden_layers=c["num_layers"],
         num_attention_heads=c["num_heads"], intermediate_size=c["intermediate_size"],
         max_position_embeddings=c["max_position_embeddings"], type_vocab_size=c["type_vocab_size"],
         hidden_dropout_prob=c["dropout"], attention_probs_dropout_prob=c["attention_dropout"],
         layer_norm_eps=c["layer_norm_eps"], initializer_range=c["initializer_range"], hidden_act="gelu",
-        pad_token_id=0, **extra)
+        pad_token_id=PAD, **extra)
+    if _norm(c) == "post":
+        return transformers.BertConfig(**kw)
+    kw["max_position_embeddings"] += PAD + 1
+    return transformers.RobertaPreLayerNormConfig(bos_token_id=CLS, eos_token_id=SEP, **kw)
+
+
+# our pre-LN names -> RobertaPreLayerNormForMaskedLM's (prefix renames; the layers' names already agree)
+PRE_LN_NAMES = (("bert.", "roberta_prelayernorm."), ("cls.predictions.transform.dense.", "lm_head.dense."),
+                ("cls.predictions.transform.LayerNorm.", "lm_head.layer_norm."),
+                ("cls.predictions.decoder.", "lm_head.decoder."), ("cls.predictions.bias", "lm_head.bias"))
+
+
+def to_prelayernorm(state: dict, pad_token_id: int = 0) -> dict:
+    """A pre-LN state dict (``BertForMLM``'s, or an ``Encoder``'s) under transformers' RoBERTa-PreLayerNorm names
+    (``RobertaPreLayerNormForMaskedLM`` / ``RobertaPreLayerNormModel``). The position table gets ``pad_token_id + 1``
+    zero rows in front: RoBERTa gives real token ``i`` (right padding) position ``pad_token_id + 1 + i``."""
+    out = {}
+    for k, v in state.items():
+        new = next((to + k[len(frm):] for frm, to in PRE_LN_NAMES if k.startswith(frm)), k)
+        if new.endswith("embeddings.position_embeddings.weight"):
+            v = torch.cat([v.new_zeros(pad_token_id + 1, v.shape[1]), v])
+        out[new] = v
+    return out
 
 
 def hf_tokenizer(tok):
@@ -53,13 +99,19 @@ def export(checkpoint: str, out: str) -> Path:
     tok = checkpoint_tokenizer(info)
     out_dir = Path(out).expanduser()
     enc = info["encoder_config"]
+    pre = _norm(enc) == "pre"
     if info["objective"] == "mlm":
         prefix = info["encoder_key"].rsplit(".", 1)[0] + "."  # "model.": bert.* and cls.* under it
         weights = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
-        model = transformers.BertForMaskedLM(hf_config(enc))
+        model = (transformers.RobertaPreLayerNormForMaskedLM if pre else transformers.BertForMaskedLM)(hf_config(enc))
     else:
         weights = encoder_state(info, state_dict)
-        model = transformers.BertModel(hf_config(enc, is_decoder=bool(enc.get("causal"))), add_pooling_layer=False)
+        model = (transformers.RobertaPreLayerNormModel if pre else transformers.BertModel)(
+            hf_config(enc, is_decoder=bool(enc.get("causal"))), add_pooling_layer=False)
+    if pre:
+        from mlmlab.data.tokenizer import PAD
+
+        weights = to_prelayernorm(weights, PAD)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [k for k in missing if not k.endswith("position_ids")]
     if missing or unexpected:

@@ -1,14 +1,20 @@
-"""The encoder matches transformers' BertForMaskedLM parameter-for-parameter and logit-for-logit."""
+"""The encoder matches transformers' BertForMaskedLM (norm=post) and RobertaPreLayerNormForMaskedLM (norm=pre, through
+mlmlab.export's name mapping) parameter-for-parameter and logit-for-logit."""
+
+import dataclasses
 
 import pytest
 import torch
 
+from mlmlab.config import ConfigError
+from mlmlab.export import hf_config, to_prelayernorm
 from mlmlab.models.encoder import BertForMLM, EncoderConfig, SequenceClassifier
 
 transformers = pytest.importorskip("transformers")
 
 CFG = EncoderConfig(vocab_size=211, hidden_size=48, num_layers=3, num_heads=4, intermediate_size=96,
                     max_position_embeddings=64)
+PRE = dataclasses.replace(CFG, norm="pre")
 
 
 def hf_model():
@@ -72,3 +78,67 @@ def test_classifier_loads_pretrained_encoder():
     ids, am, _ = batch()
     assert clf.eval()(ids, am).shape == (4, 3)
     torch.testing.assert_close(clf.bert(ids, am), mlm.eval().bert(ids, am))
+
+
+def test_pre_ln_trains_and_has_its_own_layernorms():
+    torch.manual_seed(0)
+    m = BertForMLM(PRE).train()
+    ids, am, _ = batch()
+    labels = torch.full_like(ids, -100)
+    labels[:, 2:8] = ids[:, 2:8]
+    loss, _, _ = m.mlm_loss(ids, am, labels)
+    assert torch.isfinite(loss)
+    loss.backward()
+    no_grad = [n for n, p in m.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not no_grad
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters())
+    post = BertForMLM(CFG)
+    assert m.bert.LayerNorm is not None and post.bert.LayerNorm is None  # the final LayerNorm is pre-LN's alone
+    layer, post_layer = m.bert.encoder.layer[0], post.bert.encoder.layer[0]
+    assert layer.attention.LayerNorm is not None and layer.intermediate.LayerNorm is not None
+    assert layer.attention.output.LayerNorm is None and layer.output.LayerNorm is None
+    assert post_layer.attention.LayerNorm is None and post_layer.intermediate.LayerNorm is None
+
+
+def test_unknown_norm_is_refused():
+    with pytest.raises(ValueError, match=r"model\.norm='sideways'.*allowed: post, pre"):
+        EncoderConfig(vocab_size=10, norm="sideways")
+    with pytest.raises(ConfigError, match=r"model\.norm='sideways'.*allowed: post, pre"):
+        hf_config({**CFG.to_dict(), "norm": "sideways"})
+
+
+def test_hf_config_follows_norm():
+    old = {k: v for k, v in CFG.to_dict().items() if k != "norm"}  # a checkpoint from before model.norm: post-LN
+    assert type(hf_config(old)) is transformers.BertConfig
+    assert hf_config(old).max_position_embeddings == CFG.max_position_embeddings
+    pre = hf_config(PRE.to_dict())
+    assert type(pre) is transformers.RobertaPreLayerNormConfig
+    assert pre.pad_token_id == 0 and pre.max_position_embeddings == PRE.max_position_embeddings + 1
+
+
+def hf_pre_model():
+    return transformers.RobertaPreLayerNormForMaskedLM(hf_config(PRE.to_dict())).eval()
+
+
+def test_pre_ln_names_map_onto_roberta_prelayernorm():
+    ours = BertForMLM(PRE).state_dict()
+    mapped, theirs = to_prelayernorm(ours), hf_pre_model().state_dict()
+    assert set(mapped) == set(theirs)
+    assert all(mapped[k].shape == theirs[k].shape for k in mapped)
+    pos = mapped["roberta_prelayernorm.embeddings.position_embeddings.weight"]
+    torch.testing.assert_close(pos[1:], ours["bert.embeddings.position_embeddings.weight"], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("with_types", [False, True])
+def test_pre_ln_same_logits_as_roberta_prelayernorm(with_types):
+    torch.manual_seed(0)
+    ours, hf = BertForMLM(PRE).eval(), hf_pre_model()
+    hf.load_state_dict(to_prelayernorm(ours.state_dict()), strict=True)
+    ids, am, types = batch()
+    ids = ids.masked_fill(am == 0, 0)  # right padding with [PAD] = 0, as our tokenizer pads
+    types = types if with_types else None
+    with torch.no_grad():
+        a = ours(ids, am, types)
+        b = hf(input_ids=ids, attention_mask=am, token_type_ids=types).logits
+    keep = am.bool()
+    torch.testing.assert_close(a[keep], b[keep], atol=1e-5, rtol=0)

@@ -102,6 +102,67 @@ def test_export_of_an_electra_checkpoint_is_its_discriminator(pretrained, tmp_pa
         torch.testing.assert_close(ours(ids), hf(input_ids=ids).last_hidden_state, atol=1e-4, rtol=0)
 
 
+@pytest.fixture(scope="module")
+def pretrained_pre(tmp_path_factory, cache_dir):
+    """A pre-LN MLM run (model.norm=pre), exported as RoBERTa-PreLayerNorm."""
+    out = tmp_path_factory.mktemp("pre_mlm_preln")
+    p = run_cli(["debug=fast", "objective=mlm", "model.norm=pre", f"hydra.run.dir={out}", "logger.wandb.group=pre"],
+                cache_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return out / "checkpoints" / "last.ckpt"
+
+
+def test_export_of_a_pre_ln_checkpoint_gives_the_same_logits(pretrained_pre, tmp_path):
+    out = export(str(pretrained_pre), str(tmp_path / "hf"))
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(out).eval()
+    assert type(hf) is transformers.RobertaPreLayerNormForMaskedLM
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    info, state = load_checkpoint(str(pretrained_pre))
+    assert info["encoder_config"]["norm"] == "pre"
+    ours = BertForMLM(EncoderConfig(**info["encoder_config"])).eval()
+    ours.load_state_dict({k[len("model."):]: v for k, v in state.items() if k.startswith("model.")})
+    text = ["the demaikru sir was trabi depal .", "i plas this kurir"]
+    enc = hf_tok(text, padding=True, return_tensors="pt")
+    assert enc["attention_mask"][1, -1] == 0 and enc["input_ids"][1, -1] == 0  # right-padded with [PAD] = 0
+    with torch.no_grad():
+        a = ours(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+        b = hf(**enc).logits
+    keep = enc["attention_mask"].bool()
+    torch.testing.assert_close(a[keep], b[keep], atol=1e-4, rtol=0)
+    assert hf.lm_head.decoder.weight.data_ptr() == hf.roberta_prelayernorm.embeddings.word_embeddings.weight.data_ptr()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_export_of_a_pre_ln_encoder(pretrained_pre, causal, tmp_path):
+    """The non-MLM path (ELECTRA discriminator, CLM encoder) for norm=pre: the pre-LN checkpoint relabelled as such an
+    objective (the export reads only the objective, the encoder's key and its config) becomes a RobertaPreLayerNormModel."""
+    ckpt = torch.load(pretrained_pre, map_location="cpu", weights_only=False)
+    info = ckpt["mlmlab"]
+    info.update(objective="clm" if causal else "electra", encoder_config={**info["encoder_config"], "causal": causal})
+    torch.save(ckpt, tmp_path / "relabelled.ckpt")
+    out = export(str(tmp_path / "relabelled.ckpt"), str(tmp_path / "hf"))
+    hf = transformers.AutoModel.from_pretrained(out).eval()
+    assert type(hf) is transformers.RobertaPreLayerNormModel and hf.config.is_decoder == causal
+    ours = Encoder(EncoderConfig(**info["encoder_config"])).eval()
+    ours.load_state_dict(encoder_state(info, ckpt["state_dict"]))
+    ids = torch.randint(5, info["encoder_config"]["vocab_size"], (3, 20), generator=torch.Generator().manual_seed(0))
+    am = torch.ones_like(ids)
+    am[1, 14:] = 0
+    ids = ids.masked_fill(am == 0, 0)
+    with torch.no_grad():
+        a, b = ours(ids, am), hf(input_ids=ids, attention_mask=am).last_hidden_state
+    keep = am.bool()
+    torch.testing.assert_close(a[keep], b[keep], atol=1e-4, rtol=0)
+
+
+def test_export_refuses_an_unknown_norm(pretrained_pre, tmp_path):
+    ckpt = torch.load(pretrained_pre, map_location="cpu", weights_only=False)
+    ckpt["mlmlab"]["encoder_config"]["norm"] = "sideways"
+    torch.save(ckpt, tmp_path / "x.ckpt")
+    with pytest.raises(ConfigError, match=r"model\.norm='sideways'.*allowed: post, pre"):
+        export(str(tmp_path / "x.ckpt"), str(tmp_path / "hf"))
+
+
 def test_export_cli_usage(tmp_path):
     from mlmlab.export import main
 
