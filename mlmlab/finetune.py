@@ -66,6 +66,10 @@ def _body(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, stat
                                                        f"ft:{ckpt_path.parent.parent.name}",
                                                        prefix=f"ft:{ckpt_path.parent.parent.name}:"))
     record.set(downstream=report)
+    if cfg.downstream.random_init_baseline:  # the untrained encoder the checkpoint's pretraining started from
+        from mlmlab.train import random_init_baseline
+
+        metrics.update(random_init_baseline(cfg, tok, encoder_cfg, metrics, record, ckpt_info["config"]["seed"]))
     log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})
     return metrics
 

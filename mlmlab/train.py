@@ -341,7 +341,7 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     metrics.update(ft)
     record.set(downstream=report)
     if cfg.downstream.random_init_baseline and cfg.downstream.tasks:
-        metrics.update(random_init_baseline(cfg, tok, encoder_cfg, ft, record))
+        metrics.update(random_init_baseline(cfg, tok, encoder_cfg, ft, record, cfg.seed))
     log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})
     return metrics
 
@@ -358,9 +358,9 @@ def calibrate_seconds(cfg: DictConfig, encoder_cfg: dict, sampler, schedule, dm)
                            t.val_check_interval)
 
 
-def random_init_baseline(cfg: DictConfig, tok, encoder_cfg: dict, ft: dict, record) -> dict[str, float]:
+def random_init_baseline(cfg: DictConfig, tok, encoder_cfg: dict, ft: dict, record, seed: int) -> dict[str, float]:
     """``downstream.random_init_baseline=true``: the same downstream protocol (tasks, lr grid chosen on its own, seeds)
-    on the encoder this job started from, untrained (the init of ``seed``, as ``objective=none`` gets it). Returns
+    on the encoder the pretraining started from, untrained (the init of ``seed``, as ``objective=none`` gets it). Returns
     ``random_init/<task>/...`` and the paired gains ``gain/<task>/...`` (mlmlab.downstream.paired_gain)."""
     import torch
     from pytorch_lightning.utilities.seed import isolate_rng
@@ -370,7 +370,7 @@ def random_init_baseline(cfg: DictConfig, tok, encoder_cfg: dict, ft: dict, reco
     from mlmlab.models.encoder import BertForMLM, CausalLM, EncoderConfig
 
     with isolate_rng():
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(seed)
         c = EncoderConfig(**encoder_cfg)
         model = CausalLM(c) if c.causal else BertForMLM(c)
         state = {k: v.detach().clone() for k, v in model.bert.state_dict().items()}
