@@ -224,6 +224,9 @@ class FinetuneConfig:
     pooling: str = "auto"  # auto (mean; last token for objective=clm) | mean | cls | last
     stride: int = 32  # overlap (tokens) of consecutive windows over texts longer than max_seq_len
     early_stopping_patience: int | None = None  # epochs without a better validation score; null: all epochs
+    # batches of similar length (shuffled pools sorted by length): far less padding on tasks whose lengths vary
+    # (SST-2's phrases: 1-60 tokens); false: plain shuffled batches
+    length_buckets: bool = False
 
 
 @dataclass

@@ -288,8 +288,11 @@ def _finetune_one(cfg: DictConfig, spec: TaskSpec, encoder_cfg: dict, encoder_st
     pl.seed_everything(seed, workers=True, verbose=False)
     g = torch.Generator().manual_seed(seed)
     items = splits["train"]["items"]
-    train_dl = DataLoader(items, batch_sampler=LengthBucketBatches([len(x["input_ids"]) for x in items], f.batch_size, g),
-                          collate_fn=collate)
+    if f.length_buckets:
+        train_dl = DataLoader(items, collate_fn=collate,
+                              batch_sampler=LengthBucketBatches([len(x["input_ids"]) for x in items], f.batch_size, g))
+    else:
+        train_dl = DataLoader(items, batch_size=f.batch_size, shuffle=True, collate_fn=collate, generator=g)
     total = f.epochs * len(train_dl)
     module = FinetuneModule({**encoder_cfg, "dropout": f.dropout}, len(label_names), lr, f.weight_decay, f.warmup_frac,
                             total, f.dropout, encoder_state, resolve_pooling(f.pooling, encoder_cfg),

@@ -147,3 +147,34 @@ def test_real_en_preset_runs_on_fixture_text(cfg_factory, tmp_path):
     assert r["budget"]["calibration"]["steps"] == m["train/steps"]
     assert {"downstream/sst2/acc", "random_init/sst2/acc", "gain/sst2/acc", "gain/sst2/acc_ci95"} <= set(m)
     assert r["data"]["unigram_entropy"] > 0 and "val/mlm_loss_r15" in m
+
+
+def test_length_buckets_cover_every_item_once_with_little_padding():
+    from mlmlab.downstream import LengthBucketBatches
+
+    g = torch.Generator().manual_seed(0)
+    lengths = [int(x) for x in torch.randint(1, 60, (1000,), generator=torch.Generator().manual_seed(1))]
+    batches = list(LengthBucketBatches(lengths, 32, g, pool=10))
+    assert sorted(i for b in batches for i in b) == list(range(1000)) and len(batches) == 32
+    pad = sum(max(lengths[i] for i in b) * len(b) for b in batches) - sum(lengths)
+    shuffled = [list(range(1000))[i : i + 32] for i in range(0, 1000, 32)]
+    pad_plain = sum(max(lengths[i] for i in b) * len(b) for b in shuffled) - sum(lengths)
+    assert pad < pad_plain / 4
+    again = list(LengthBucketBatches(lengths, 32, torch.Generator().manual_seed(0), pool=10))
+    assert again == batches  # seeded: the fine-tuning seed fixes the order
+
+
+def test_predict_logits_keeps_the_items_order():
+    from mlmlab.downstream import predict_logits
+
+    class Echo(torch.nn.Module):  # logits = (length, first id): shows which item each output belongs to
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, b):
+            return torch.stack([b["attention_mask"].sum(1).float(), b["input_ids"][:, 0].float()], 1)
+
+    items = [{"input_ids": [i + 5] * (1 + (i * 7) % 13), "token_type_ids": None, "label": 0} for i in range(40)]
+    out = predict_logits(Echo(), items, batch_size=8)
+    assert [(int(o[0]), int(o[1])) for o in out] == [(len(x["input_ids"]), x["input_ids"][0]) for x in items]
