@@ -246,6 +246,9 @@ class DownstreamConfig:
     # also fine-tune the untrained encoder (the init of `seed`) with the same protocol: random_init/<task>/<metric> and
     # the paired per-seed gain gain/<task>/<metric> (+ _ci95, _p) in the same job
     random_init_baseline: bool = False
+    # finetune: fine-tune the encoder (seeds x lrs); probe: a linear probe on the frozen encoder's pooled features
+    # (scikit-learn logistic regression, deterministic; probe/<task>/<metric>); both
+    protocol: str = "finetune"
     # built-in tasks: sizes of the generated splits
     builtin_n_train: int = 512
     builtin_n_test: int = 1000
@@ -439,6 +442,13 @@ def validate_downstream(cfg: DictConfig, objective: str, max_positions: int) -> 
         tasks[name].check_available(cfg)
     _check(len(ds.tasks) == 0 or len(ds.seeds) >= 1, "downstream.seeds must list at least one seed when tasks are set")
     _check_choice("downstream.finetune.pooling", ds.finetune.pooling, POOLINGS)
+    from mlmlab.downstream import PROTOCOLS
+
+    _check_choice("downstream.protocol", ds.protocol, PROTOCOLS)
+    if ds.protocol != "finetune":
+        token = [n for n in ds.tasks if tasks[n].kind == "token"]
+        _check(not token, f"downstream.protocol={ds.protocol}: the linear probe scores single-sentence and pair tasks; "
+               f"{', '.join(token)} is token-level (allowed for it: downstream.protocol=finetune)")
     _check(not (objective == "clm" and ds.finetune.pooling == "cls"),
            "downstream.finetune.pooling=cls with objective=clm: under causal attention the first token sees only "
            "itself; allowed: auto (= last), last, mean")

@@ -321,6 +321,74 @@ def resolve_pooling(pooling: str, encoder_cfg: dict) -> str:
     return "last" if encoder_cfg.get("causal") else "mean"
 
 
+PROTOCOLS = ("finetune", "probe", "both")
+PROBE_CS = (0.01, 0.1, 1.0, 10.0)  # inverse L2 strengths tried by the probe's 5-fold cross-validation
+
+
+@torch.no_grad()
+def pooled_features(encoder_cfg: dict, encoder_state: dict, split: dict, pooling: str, precision: str,
+                    batch_size: int = 256) -> torch.Tensor:
+    """One vector per example of a frozen encoder: the pooled final hidden states of each window (mean over real
+    tokens; the last token for a causal encoder; [CLS] with pooling=cls), windows of a long text averaged."""
+    from mlmlab.models.encoder import Encoder, EncoderConfig
+
+    enc = Encoder(EncoderConfig(**encoder_cfg))
+    enc.load_state_dict(encoder_state)
+    enc.eval()
+    items = split["items"]
+    feats = torch.zeros(split["n"], enc.config.hidden_size)
+    counts = torch.zeros(split["n"])
+    order = sorted(range(len(items)), key=lambda i: -len(items[i]["input_ids"]))
+    amp = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision.startswith("bf16"))
+    for i in range(0, len(order), batch_size):
+        idx = order[i : i + batch_size]
+        b = collate([items[j] for j in idx])
+        with amp:
+            h = enc(b["input_ids"], b["attention_mask"], b["token_type_ids"]).float()
+        m = b["attention_mask"]
+        if pooling == "cls":
+            v = h[:, 0]
+        elif pooling == "last":
+            v = h[torch.arange(len(idx)), m.long().sum(1) - 1]
+        else:
+            v = (h * m[..., None]).sum(1) / m.sum(1, keepdim=True).clamp(min=1)
+        for j, x in zip(idx, v):
+            feats[items[j]["doc"]] += x
+            counts[items[j]["doc"]] += 1
+    return feats / counts.clamp(min=1)[:, None]
+
+
+def probe_task(spec: TaskSpec, encoder_cfg: dict, encoder_state: dict, splits: dict, label_names: list[str], f,
+               trainer_kwargs: dict) -> tuple[dict[str, float], dict]:
+    """``downstream.protocol=probe|both``: a linear probe on the frozen encoder. Pooled features of the training
+    examples -> standardised -> scikit-learn's multinomial logistic regression with L2 strength chosen by 5-fold
+    cross-validation on train (``PROBE_CS``); scored on the reported split. Deterministic: no seed noise, so two
+    encoders' probe scores differ only by what their features hold. Keys ``probe/<task>/<metric>``."""
+    import time
+
+    import numpy as np
+    from sklearn.linear_model import LogisticRegressionCV
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    t0 = time.perf_counter()
+    pooling = resolve_pooling(f.pooling, encoder_cfg)
+    precision = str(trainer_kwargs.get("precision", "32-true"))
+    x_train = pooled_features(encoder_cfg, encoder_state, splits["train"], pooling, precision).numpy()
+    x_test = pooled_features(encoder_cfg, encoder_state, splits["test"], pooling, precision).numpy()
+    y_train = splits["train"]["labels"]
+    folds = min(5, min(y_train.count(c) for c in set(y_train)))
+    clf = make_pipeline(StandardScaler(), LogisticRegressionCV(Cs=list(PROBE_CS), cv=max(2, folds), max_iter=2000,
+                                                               use_legacy_attributes=False))
+    clf.fit(x_train, y_train)
+    preds = torch.as_tensor(clf.predict(x_test))
+    m = classification_metrics(preds, torch.tensor(splits["test"]["labels"]), len(label_names), spec.metrics)
+    c = float(np.ravel(clf[-1].C_)[0])
+    log.info("probe %s (C=%g, %.1f s): %s", spec.name, c, time.perf_counter() - t0, m)
+    return ({f"probe/{spec.name}/{k}": v for k, v in m.items()},
+            {"C": c, "Cs": list(PROBE_CS), "pooling": pooling, "seconds": time.perf_counter() - t0, **m})
+
+
 def learning_rates(lr) -> list[float]:
     return [float(x) for x in lr] if isinstance(lr, (list, tuple, ListConfig)) else [float(lr)]
 
@@ -348,6 +416,16 @@ def run_task(cfg: DictConfig, tok, spec: TaskSpec, encoder_cfg: dict, encoder_st
     if "validation" in records and ds.max_selection_examples is not None:  # scored after every epoch of every run
         records["validation"] = records["validation"][: ds.max_selection_examples]
     splits = {s: encode_split(tok, spec, r, f) for s, r in records.items()}
+    names_of = {"train": "train", "validation": "selection", "test": reported}
+    metrics: dict[str, float] = {}
+    report: dict = {"reported_split": reported, "main_metric": spec.main_metric,
+                    "source": data.get("source", "generated"), "label_names": data["label_names"],
+                    "n": {names_of[s]: v["n"] for s, v in splits.items()}}
+    if ds.protocol in ("probe", "both"):
+        pm, report["probe"] = probe_task(spec, encoder_cfg, encoder_state, splits, data["label_names"], f, trainer_kwargs)
+        metrics.update(pm)
+    if ds.protocol == "probe":
+        return metrics, report
     grid: dict[float, dict[int, dict]] = {}
     for lr in lrs:
         for seed in ds.seeds:
@@ -357,7 +435,6 @@ def run_task(cfg: DictConfig, tok, spec: TaskSpec, encoder_cfg: dict, encoder_st
     main = spec.main_metric
     best_lr = lrs[0] if len(lrs) == 1 else max(
         lrs, key=lambda lr: statistics.fmean(r["validation"][main] for r in grid[lr].values()))
-    metrics: dict[str, float] = {}
     names = list(next(iter(grid[best_lr].values()))["test"])
     for m in names:
         vals = [grid[best_lr][s]["test"][m] for s in ds.seeds]
@@ -367,13 +444,10 @@ def run_task(cfg: DictConfig, tok, spec: TaskSpec, encoder_cfg: dict, encoder_st
             metrics[f"downstream/{spec.name}/{m}_ci95"] = ci
         for s, v in zip(ds.seeds, vals):
             metrics[f"downstream/{spec.name}/seed_{s}/{m}"] = v
-    names_of = {"train": "train", "validation": "selection", "test": reported}
-    report = {"reported_split": reported, "main_metric": main, "best_lr": best_lr, "lrs": lrs,
-              "selection_split": None if not selection else ("train (held out)" if from_train else "validation"),
-              "source": data.get("source", "generated"), "label_names": data["label_names"],
-              "n": {names_of[s]: v["n"] for s, v in splits.items()},
-              "grid": {str(lr): {str(s): {names_of[k]: v for k, v in r.items()} for s, r in by_seed.items()}
-                       for lr, by_seed in grid.items()}}
+    report.update({"best_lr": best_lr, "lrs": lrs,
+                   "selection_split": None if not selection else ("train (held out)" if from_train else "validation"),
+                   "grid": {str(lr): {str(s): {names_of[k]: v for k, v in r.items()} for s, r in by_seed.items()}
+                            for lr, by_seed in grid.items()}})
     return metrics, report
 
 
@@ -387,7 +461,8 @@ def run_downstream(cfg: DictConfig, tok, encoder_cfg: dict, encoder_state: dict,
         spec = tasks[name]
         m, report[name] = run_task(cfg, tok, spec, encoder_cfg, encoder_state, trainer_kwargs, run_factory)
         metrics.update(m)
-        main_scores.append(m[f"downstream/{name}/{spec.main_metric}"])
+        # the score follows the protocol: fine-tuning where it ran, else the probe
+        main_scores.append(m.get(f"downstream/{name}/{spec.main_metric}", m.get(f"probe/{name}/{spec.main_metric}")))
     metrics["downstream/score"] = statistics.fmean(main_scores) if main_scores else float("nan")
     return metrics, report
 

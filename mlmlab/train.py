@@ -380,16 +380,18 @@ def random_init_baseline(cfg: DictConfig, tok, encoder_cfg: dict, ft: dict, reco
     record.set(downstream_random_init=report)
     tasks = task_registry(cfg)
     mains = {t: tasks[t].main_metric for t in cfg.downstream.tasks}
-    gain = paired_gain(ft, base, mains, list(cfg.downstream.seeds))
+    gain = paired_gain(ft, base, mains, list(cfg.downstream.seeds)) if cfg.downstream.protocol != "probe" else {}
     log.info("random-init baseline: %s", {k: round(v, 4) for k, v in {**base, **gain}.items() if "seed_" not in k})
-    return {**{"random_init/" + k.split("/", 1)[1]: v for k, v in base.items()}, **gain}
+    probe = {f"gain_probe/{k.split('/', 1)[1]}": ft[k] - base[k] for k in ft if k.startswith("probe/") and k in base}
+    renamed = {("random_init_probe/" if k.startswith("probe/") else "random_init/") + k.split("/", 1)[1]: v
+               for k, v in base.items()}
+    return {**renamed, **gain, **probe}
 
 
 def unigram_reference(counts, labels) -> dict[str, float]:
     """The unigram plateau an MLM must leave: ``unigram_entropy`` of the training tokens (nats) and ``unigram_loss_eval``,
     the cross-entropy of that unigram distribution (add-one smoothed) on the fixed evaluation targets -- what
     ``val/mlm_loss_*`` would read for a model that ignores the context."""
-    import torch
 
     c = counts.double()
     p = c[c > 0] / c.sum()

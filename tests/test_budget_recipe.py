@@ -178,3 +178,39 @@ def test_predict_logits_keeps_the_items_order():
     items = [{"input_ids": [i + 5] * (1 + (i * 7) % 13), "token_type_ids": None, "label": 0} for i in range(40)]
     out = predict_logits(Echo(), items, batch_size=8)
     assert [(int(o[0]), int(o[1])) for o in out] == [(len(x["input_ids"]), x["input_ids"][0]) for x in items]
+
+
+def test_linear_probe_is_deterministic_and_separates_a_separable_fixture():
+    from mlmlab.data.tasks import TaskSpec
+    from mlmlab.downstream import probe_task
+    from mlmlab.models.encoder import Encoder, EncoderConfig
+
+    c = EncoderConfig(vocab_size=20, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, norm="pre")
+    torch.manual_seed(0)
+    state = Encoder(c).state_dict()
+
+    def split(n, offset):
+        items = [{"input_ids": [2] + [5 + (i % 2)] * (3 + i % 4) + [3], "token_type_ids": None, "label": i % 2,
+                  "doc": i - offset} for i in range(offset, offset + n)]
+        return {"items": items, "labels": [i % 2 for i in range(offset, offset + n)], "n": n}
+
+    spec = TaskSpec(name="toy", kind="single", columns=("text",))
+    f = type("F", (), {"pooling": "mean"})()
+    splits = {"train": split(40, 0), "test": split(20, 40)}
+    a, rep = probe_task(spec, c.to_dict(), state, splits, ["neg", "pos"], f, {"precision": "32-true"})
+    b, _ = probe_task(spec, c.to_dict(), state, splits, ["neg", "pos"], f, {"precision": "32-true"})
+    assert a == b == {"probe/toy/acc": 1.0} and rep["C"] in rep["Cs"]
+
+
+def test_protocol_both_in_a_job_and_bad_protocols_rejected(cfg_factory, tmp_path):
+    m = train(cfg_factory("downstream.protocol=both", "downstream.random_init_baseline=true", "logger=none",
+                          "downstream.tasks=[builtin_sentiment]", output_dir=tmp_path / "both"))
+    assert {"probe/builtin_sentiment/acc", "downstream/builtin_sentiment/acc", "random_init_probe/builtin_sentiment/acc",
+            "gain_probe/builtin_sentiment/acc", "gain/builtin_sentiment/acc"} <= set(m)
+    p = train(cfg_factory("downstream.protocol=probe", "logger=none", "downstream.tasks=[builtin_sentiment]",
+                          output_dir=tmp_path / "probe"))
+    assert "downstream/builtin_sentiment/acc" not in p
+    assert p["downstream/score"] == p["probe/builtin_sentiment/acc"] == m["probe/builtin_sentiment/acc"]
+    with pytest.raises(ConfigError) as e:
+        validate(cfg_factory("downstream.protocol=guess"))
+    assert "downstream.protocol='guess' is not known; allowed: finetune, probe, both" in str(e.value)
