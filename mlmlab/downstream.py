@@ -165,13 +165,15 @@ def mean_ci95(values: list[float]) -> tuple[float, float, float | None]:
 
 
 @torch.no_grad()
-def predict_logits(model, items: list[dict], batch_size: int) -> list[torch.Tensor]:
-    """Logits per item, in the items' order. Items are run longest first in batches of similar length (little padding;
-    a padded position never changes a real one's output), then put back in order."""
+def predict_logits(model, items: list[dict], batch_size: int, by_length: bool = True) -> list[torch.Tensor]:
+    """Logits per item, in the items' order. ``by_length``: items are run longest first in batches of similar length
+    (little padding; a padded position never changes a real one's output), then put back in order."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    order = sorted(range(len(items)), key=lambda i: -len(items[i]["input_ids"]))
+    order = list(range(len(items)))
+    if by_length:
+        order.sort(key=lambda i: -len(items[i]["input_ids"]))
     out: list = [None] * len(items)
     for i in range(0, len(order), batch_size):
         idx = order[i : i + batch_size]
@@ -204,9 +206,10 @@ class LengthBucketBatches(torch.utils.data.Sampler):
         return math.ceil(len(self.lengths) / self.bs)
 
 
-def evaluate(model, spec: TaskSpec, split: dict, label_names: list[str], batch_size: int) -> dict[str, float]:
+def evaluate(model, spec: TaskSpec, split: dict, label_names: list[str], batch_size: int,
+             by_length: bool = True) -> dict[str, float]:
     """The task's metrics on an encoded split (windows averaged per example; NER words read once)."""
-    logits = predict_logits(model, split["items"], batch_size)
+    logits = predict_logits(model, split["items"], batch_size, by_length)
     if spec.kind == "token":
         true, pred = [], []
         fallback = label_names.index("O") if "O" in label_names else 0
@@ -229,12 +232,14 @@ class BestOnValidation(pl.Callback):
     """Early stopping on the validation primary metric: evaluate after every epoch, keep the best weights, stop after
     ``patience`` epochs without improvement; the best weights are restored when training ends."""
 
-    def __init__(self, spec: TaskSpec, split: dict, label_names: list[str], batch_size: int, patience: int):
+    def __init__(self, spec: TaskSpec, split: dict, label_names: list[str], batch_size: int, patience: int,
+                 by_length: bool = True):
         self.spec, self.split, self.names, self.bs, self.patience = spec, split, label_names, batch_size, patience
+        self.by_length = by_length
         self.best, self.best_state, self.bad, self.history = -math.inf, None, 0, []
 
     def on_train_epoch_end(self, trainer, module):
-        score = evaluate(module, self.spec, self.split, self.names, self.bs)[self.spec.main_metric]
+        score = evaluate(module, self.spec, self.split, self.names, self.bs, self.by_length)[self.spec.main_metric]
         self.history.append(score)
         if trainer.logger:  # the per-epoch selection curve of a per-fine-tuning W&B run
             trainer.logger.log_metrics({f"finetune/selection_{self.spec.main_metric}": score,
@@ -297,10 +302,12 @@ def _finetune_one(cfg: DictConfig, spec: TaskSpec, encoder_cfg: dict, encoder_st
     module = FinetuneModule({**encoder_cfg, "dropout": f.dropout}, len(label_names), lr, f.weight_decay, f.warmup_frac,
                             total, f.dropout, encoder_state, resolve_pooling(f.pooling, encoder_cfg),
                             token_level=spec.kind == "token")
-    eval_bs = max(256, f.batch_size)  # no gradients: large batches (of similar length, see predict_logits)
+    # length_buckets: large no-grad batches of similar length (predict_logits); else in-order batches as before
+    eval_bs = max(256, f.batch_size) if f.length_buckets else max(64, f.batch_size)
     callbacks = []
     if f.early_stopping_patience is not None and "validation" in splits:
-        callbacks.append(BestOnValidation(spec, splits["validation"], label_names, eval_bs, f.early_stopping_patience))
+        callbacks.append(BestOnValidation(spec, splits["validation"], label_names, eval_bs, f.early_stopping_patience,
+                                          f.length_buckets))
     logger = False
     if run is not None:
         from pytorch_lightning.loggers import WandbLogger
@@ -310,7 +317,8 @@ def _finetune_one(cfg: DictConfig, spec: TaskSpec, encoder_cfg: dict, encoder_st
                          num_sanity_val_steps=0, callbacks=callbacks, log_every_n_steps=max(1, min(10, len(train_dl))),
                          **trainer_kwargs)
     trainer.fit(module, train_dataloaders=train_dl)
-    return {s: evaluate(module, spec, splits[s], label_names, eval_bs) for s in ("validation", "test") if s in splits}
+    return {s: evaluate(module, spec, splits[s], label_names, eval_bs, f.length_buckets)
+            for s in ("validation", "test") if s in splits}
 
 
 def resolve_pooling(pooling: str, encoder_cfg: dict) -> str:

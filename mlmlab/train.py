@@ -273,13 +273,20 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     encoder_cfg = EncoderConfig.from_model_cfg(cfg.model, vocab_size, causal=objective == "clm").to_dict()
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     if cfg.trainer.budget.seconds is not None and objective != "none":
-        with record.timer("calibrate"):
-            cal = calibrate_seconds(cfg, encoder_cfg, sampler, schedule, dm)
+        if cfg.get("resume") is not None:  # a resumed budget run keeps the step count it was calibrated to
+            from mlmlab.guard import resume_path
+
+            cal = {"seconds": float(cfg.trainer.budget.seconds), "resumed": True,
+                   "steps": int(torch_load_meta(resume_path(cfg.resume))["hyper_parameters"]["max_steps"])}
+            log.info("trainer.budget.seconds=%g, resumed: the run's calibrated %d steps", cal["seconds"], cal["steps"])
+        else:
+            with record.timer("calibrate"):
+                cal = calibrate_seconds(cfg, encoder_cfg, sampler, schedule, dm)
+            log.info("trainer.budget.seconds=%g: %d steps (%.3f s/step, %.2f s per validation, probe %.1f s)",
+                     cal["seconds"], cal["steps"], cal["s_per_step"], cal["val_s"], cal["probe_s"])
         max_steps, budget = steps_for_budget(cfg, vocab_size, schedule, cand_frac, token_frac, steps=cal["steps"])
         budget["calibration"] = cal
         record.set(budget=budget)
-        log.info("trainer.budget.seconds=%g: %d steps (%.3f s/step, %.2f s per validation, probe %.1f s)",
-                 cal["seconds"], cal["steps"], cal["s_per_step"], cal["val_s"], cal["probe_s"])
     module = build_module(cfg, encoder_cfg, max(1, max_steps), sampler, schedule)
     record.set(model=model_record(module, encoder_cfg), precision=trainer_kwargs(cfg)["precision"])
     if cfg.trainer.compile and objective != "none":
@@ -344,6 +351,13 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
         metrics.update(random_init_baseline(cfg, tok, encoder_cfg, ft, record, cfg.seed))
     log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})
     return metrics
+
+
+def torch_load_meta(path) -> dict:
+    """A checkpoint's dict, memory-mapped (its tensors are not read)."""
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
 
 
 def calibrate_seconds(cfg: DictConfig, encoder_cfg: dict, sampler, schedule, dm) -> dict:

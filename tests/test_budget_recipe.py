@@ -214,3 +214,14 @@ def test_protocol_both_in_a_job_and_bad_protocols_rejected(cfg_factory, tmp_path
     with pytest.raises(ConfigError) as e:
         validate(cfg_factory("downstream.protocol=guess"))
     assert "downstream.protocol='guess' is not known; allowed: finetune, probe, both" in str(e.value)
+
+
+def test_a_resumed_seconds_budget_run_keeps_its_calibrated_step_count(cfg_factory, tmp_path):
+    out = tmp_path / "run"
+    first = train(cfg_factory("trainer.budget.seconds=2", "downstream=none", "logger=none", output_dir=out))
+    steps = int(first["train/steps"])
+    again = train(cfg_factory("trainer.budget.seconds=2", "downstream=none", "logger=none", f"resume={out}",
+                              output_dir=tmp_path / "resumed"))
+    r = json.loads((tmp_path / "resumed" / "results.json").read_text())
+    assert r["budget"]["calibration"] == {"seconds": 2.0, "resumed": True, "steps": steps}
+    assert again["train/steps"] == steps
