@@ -5,12 +5,14 @@ training batches) for a few steps and runs one validation pass; the step count t
 measured seconds per step and per validation. The run itself is then an ordinary ``max_steps`` run: its lr and
 mask-rate schedules are step schedules, and ``results.json`` records the count (``budget.steps``), so the same run is
 reproduced exactly on any machine with ``trainer.max_steps=<steps>`` and no seconds budget. The probe touches no random
-state of the job (``isolate_rng``) and not its data order (its own loader).
+state of the job (``isolate_rng``) and not its data order (its own loader). Step time is the median over the probe's
+timed steps, each measured from batch start to batch end.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 
 import pytorch_lightning as pl
@@ -19,19 +21,19 @@ from torch.utils.data import DataLoader
 
 
 class _StepTimer(pl.Callback):
-    """Seconds of the training steps after ``warm`` warm-up steps, and of the validation pass."""
+    """Seconds of each training step after ``warm`` warm-up steps (batch start to batch end, so a validation pass is
+    not counted in a step), and of the validation pass."""
 
     def __init__(self, warm: int):
-        self.warm, self.t0, self.t_end, self.timed = warm, None, None, 0
+        self.warm, self.steps, self._t = warm, [], None
         self.val_s, self._v0 = None, None
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if trainer.global_step == self.warm and self.t0 is None:
-            self.t0 = time.perf_counter()
+        self._t = time.perf_counter() if trainer.global_step >= self.warm else None
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if self.t0 is not None:
-            self.t_end, self.timed = time.perf_counter(), trainer.global_step - self.warm
+        if self._t is not None:
+            self.steps.append(time.perf_counter() - self._t)
 
     def on_validation_start(self, trainer, module):
         self._v0 = time.perf_counter()
@@ -61,13 +63,14 @@ def calibrate_steps(make_module, train_set, val_set, batch_size: int, val_batch_
         train_dl = DataLoader(train_set, batch_size=batch_size, shuffle=True, drop_last=True, generator=g)
         val_dl = DataLoader(val_set, batch_size=val_batch_size, shuffle=False)
         trainer.fit(module, train_dataloaders=train_dl, val_dataloaders=val_dl)
-    if timer.t0 is None or timer.timed < 1:
+    if not timer.steps:
         raise RuntimeError(f"the timing probe ran {trainer.global_step} steps; it needs more than {warm} "
                            "(fewer training blocks than warm-up + probe steps?)")
-    s_step = (timer.t_end - timer.t0) / timer.timed
+    # the median: a long run's mean step time; the probe's mean is pulled up by its first steps' one-off costs
+    s_step = statistics.median(timer.steps)
     val_s = timer.val_s or 0.0
     per_step = s_step + val_s / max(1, val_check_interval)
     steps = max(1, math.floor(seconds / per_step))
-    return {"seconds": seconds, "steps": steps, "s_per_step": s_step, "val_s": val_s, "probe_steps": timer.timed,
+    return {"seconds": seconds, "steps": steps, "s_per_step": s_step, "val_s": val_s, "probe_steps": len(timer.steps),
             "warmup_steps": warm, "probe_s": time.perf_counter() - t_start,
             "expected_fit_s": steps * s_step + (steps // max(1, val_check_interval)) * val_s}
