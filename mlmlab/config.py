@@ -479,7 +479,7 @@ def validate_downstream(cfg: DictConfig, objective: str, max_positions: int) -> 
 
 
 OPTIM_IMPLS = ("auto", "for_loop", "foreach", "fused")
-PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "32", "16", "bf16", "64")
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "32", "16", "bf16", "64", "auto")
 
 
 def validate(cfg: DictConfig) -> None:

@@ -192,8 +192,8 @@ def test_slurm_launcher_composes(launcher):
 
 
 def test_parallel_jobs_build_one_cache(tmp_path):
-    """Two jobs started together on an empty cache: the tokenizer, tokenized corpus and blocks are built once, and
-    both jobs use them (file lock + atomic rename)."""
+    """Two jobs started together on an empty cache: the tokenizer, tokenized corpus, blocks and token counts are built
+    once, and both jobs use them (file lock + atomic rename)."""
     cache = tmp_path / "cache"
     env = {**os.environ, "MLMLAB_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "1"}
     procs = [subprocess.Popen([sys.executable, "-m", "mlmlab.train", "debug=fast", "downstream=none",
@@ -204,7 +204,8 @@ def test_parallel_jobs_build_one_cache(tmp_path):
     built = [line for log in logs for line in log.splitlines() if "cache: built" in line]
     made = [re.search(r"cache: built (\w+)/(\w+)/", line).groups() for line in built]
     assert len(made) == len(set(made)), built  # each artefact once, whichever job won the lock
-    assert {k for k, _ in made} == {"tokenizer", "tokens", "blocks"}
+    # token_counts: the unigram plateau reference every MLM job records (results.json data.unigram_entropy)
+    assert {k for k, _ in made} == {"tokenizer", "tokens", "blocks", "token_counts"}
     for kind in {k for k, _ in made}:
         assert sorted(p.name for p in (cache / kind).iterdir()) == sorted(h for k, h in made if k == kind)
     a, b = (json.loads((tmp_path / f"job{i}" / "results.json").read_text()) for i in range(2))
