@@ -339,6 +339,7 @@ def pooled_features(encoder_cfg: dict, encoder_state: dict, split: dict, pooling
     """One vector per example of a frozen encoder: the pooled final hidden states of each window (mean over real
     tokens; the last token for a causal encoder; [CLS] with pooling=cls), windows of a long text averaged."""
     from mlmlab.models.encoder import Encoder, EncoderConfig
+    from mlmlab.models.heads import pool
 
     enc = Encoder(EncoderConfig(**encoder_cfg))
     enc.load_state_dict(encoder_state)
@@ -353,14 +354,7 @@ def pooled_features(encoder_cfg: dict, encoder_state: dict, split: dict, pooling
         b = collate([items[j] for j in idx])
         with amp:
             h = enc(b["input_ids"], b["attention_mask"], b["token_type_ids"]).float()
-        m = b["attention_mask"]
-        if pooling == "cls":
-            v = h[:, 0]
-        elif pooling == "last":
-            v = h[torch.arange(len(idx)), m.long().sum(1) - 1]
-        else:
-            v = (h * m[..., None]).sum(1) / m.sum(1, keepdim=True).clamp(min=1)
-        for j, x in zip(idx, v):
+        for j, x in zip(idx, pool(h, b["attention_mask"], pooling)):
             feats[items[j]["doc"]] += x
             counts[items[j]["doc"]] += 1
     return feats / counts.clamp(min=1)[:, None]

@@ -274,10 +274,13 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     if cfg.trainer.budget.seconds is not None and objective != "none":
         if cfg.get("resume") is not None:  # a resumed budget run keeps the step count it was calibrated to
+            import torch
+
             from mlmlab.guard import resume_path
 
+            ckpt = torch.load(resume_path(cfg.resume), map_location="cpu", weights_only=False, mmap=True)
             cal = {"seconds": float(cfg.trainer.budget.seconds), "resumed": True,
-                   "steps": int(torch_load_meta(resume_path(cfg.resume))["hyper_parameters"]["max_steps"])}
+                   "steps": int(ckpt["hyper_parameters"]["max_steps"])}
             log.info("trainer.budget.seconds=%g, resumed: the run's calibrated %d steps", cal["seconds"], cal["steps"])
         else:
             with record.timer("calibrate"):
@@ -351,13 +354,6 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
         metrics.update(random_init_baseline(cfg, tok, encoder_cfg, ft, record, cfg.seed))
     log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})
     return metrics
-
-
-def torch_load_meta(path) -> dict:
-    """A checkpoint's dict, memory-mapped (its tensors are not read)."""
-    import torch
-
-    return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
 
 
 def calibrate_seconds(cfg: DictConfig, encoder_cfg: dict, sampler, schedule, dm) -> dict:

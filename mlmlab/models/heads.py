@@ -60,6 +60,19 @@ class RTDHead(nn.Module):
 POOLINGS = ("mean", "cls", "last")
 
 
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
+    """``(batch, seq, hidden)`` -> ``(batch, hidden)``: [CLS], the last real token, or the mean over real tokens."""
+    if pooling == "cls":
+        return hidden[:, 0]
+    if pooling == "last":
+        last = (attention_mask.long().sum(1) - 1).clamp(min=0) if attention_mask is not None else None
+        return hidden[:, -1] if last is None else hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+    if attention_mask is None:
+        return hidden.mean(1)
+    m = attention_mask.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
 class ClassificationHead(nn.Module):
     """Pooled vector ([CLS], or the mean over real tokens) -> dropout -> dense+tanh -> dropout -> logits.
 
@@ -77,16 +90,6 @@ class ClassificationHead(nn.Module):
         self.out_proj = nn.Linear(hidden_size, num_labels)
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        if self.pooling == "cls":
-            x = hidden[:, 0]
-        elif self.pooling == "last":
-            last = (attention_mask.long().sum(1) - 1).clamp(min=0) if attention_mask is not None else None
-            x = hidden[:, -1] if last is None else hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-        elif attention_mask is None:
-            x = hidden.mean(1)
-        else:
-            m = attention_mask.to(hidden.dtype).unsqueeze(-1)
-            x = (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
-        x = self.dropout(x)
+        x = self.dropout(pool(hidden, attention_mask, self.pooling))
         x = self.dropout(torch.tanh(self.dense(x)))
         return self.out_proj(x)
