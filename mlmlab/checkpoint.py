@@ -63,3 +63,23 @@ def checkpoint_tokenizer(info: dict, key: str = "checkpoint"):
         raise ConfigError(f"{key}: the tokenizer has {vocab} tokens but the encoder's embedding matrix has {emb} rows "
                           "(tokenizer and checkpoint do not match)")
     return tok
+
+
+def language_model(info: dict, state_dict: dict):
+    """The whole pretrained language model of a checkpoint (encoder + LM head; ELECTRA: discriminator + generator),
+    for zero-shot scoring (mlmlab.zeroshot). ``objective=none`` checkpoints carry the untrained MLM head."""
+    from mlmlab.data.tokenizer import SPECIAL_TOKENS
+    from mlmlab.models.electra import ElectraForPretraining
+    from mlmlab.models.encoder import BertForMLM, CausalLM, EncoderConfig
+
+    c = EncoderConfig(**info["encoder_config"])
+    objective = info["objective"]
+    if objective == "electra":
+        o = info["config"]["objective"]
+        model = ElectraForPretraining(c, o["generator_size"], o.get("generator_layers"),
+                                      tuple(range(len(SPECIAL_TOKENS))))
+    else:
+        model = CausalLM(c) if c.causal else BertForMLM(c)
+    prefix = info["encoder_key"].rsplit(".", 1)[0] + "."
+    model.load_state_dict({k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)})
+    return model.eval()

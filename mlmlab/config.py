@@ -230,6 +230,17 @@ class FinetuneConfig:
 
 
 @dataclass
+class ZeroShotConfig:
+    """Minimal-pairs tasks (``downstream.tasks=[blimp]``; mlmlab/zeroshot.py): scored without training."""
+
+    # pairs per paradigm, a fixed random subsample (the same pairs in every run); null: all (BLiMP: 1,000)
+    n_per_paradigm: int | None = 100
+    pll: str = "within_word_l2r"  # masked LMs: within_word_l2r (Kauf & Ivanova 2023) | original (Salazar et al. 2020)
+    batch_size: int = 1024  # masked copies per forward pass
+    unigram_floor: bool = True  # also score the pairs with the training corpus's unigram distribution (pretraining jobs)
+
+
+@dataclass
 class DownstreamConfig:
     tasks: list[str] = field(default_factory=lambda: ["builtin_sentiment", "builtin_topic"])
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
@@ -249,6 +260,7 @@ class DownstreamConfig:
     # finetune: fine-tune the encoder (seeds x lrs); probe: a linear probe on the frozen encoder's pooled features
     # (scikit-learn logistic regression, deterministic; probe/<task>/<metric>); both
     protocol: str = "finetune"
+    zeroshot: ZeroShotConfig = field(default_factory=ZeroShotConfig)
     # built-in tasks: sizes of the generated splits
     builtin_n_train: int = 512
     builtin_n_test: int = 1000
@@ -441,6 +453,13 @@ def validate_downstream(cfg: DictConfig, objective: str, max_positions: int) -> 
         _check_choice(f"downstream.tasks[{i}]", name, sorted(tasks))
         tasks[name].check_available(cfg)
     _check(len(ds.tasks) == 0 or len(ds.seeds) >= 1, "downstream.seeds must list at least one seed when tasks are set")
+    from mlmlab.zeroshot import PLL_VARIANTS
+
+    z = ds.zeroshot
+    _check(z.n_per_paradigm is None or z.n_per_paradigm >= 1,
+           f"downstream.zeroshot.n_per_paradigm={z.n_per_paradigm} must be >= 1 or null (all pairs)")
+    _check_choice("downstream.zeroshot.pll", z.pll, PLL_VARIANTS)
+    _check(z.batch_size >= 1, f"downstream.zeroshot.batch_size={z.batch_size} must be >= 1")
     _check_choice("downstream.finetune.pooling", ds.finetune.pooling, POOLINGS)
     from mlmlab.downstream import PROTOCOLS
 

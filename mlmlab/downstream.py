@@ -381,6 +381,7 @@ def probe_task(spec: TaskSpec, encoder_cfg: dict, encoder_state: dict, splits: d
     y_train = splits["train"]["labels"]
     folds = min(5, min(y_train.count(c) for c in set(y_train)))
     clf = make_pipeline(StandardScaler(), LogisticRegressionCV(Cs=list(PROBE_CS), cv=max(2, folds), max_iter=2000,
+                                                               l1_ratios=(0.0,), scoring="accuracy",
                                                                use_legacy_attributes=False))
     clf.fit(x_train, y_train)
     preds = torch.as_tensor(clf.predict(x_test))
@@ -389,6 +390,71 @@ def probe_task(spec: TaskSpec, encoder_cfg: dict, encoder_state: dict, splits: d
     log.info("probe %s (C=%g, %.1f s): %s", spec.name, c, time.perf_counter() - t0, m)
     return ({f"probe/{spec.name}/{k}": v for k, v in m.items()},
             {"C": c, "Cs": list(PROBE_CS), "pooling": pooling, "seconds": time.perf_counter() - t0, **m})
+
+
+def subsample_pairs(pairs: list[dict], n: int | None) -> list[dict]:
+    """The same ``n`` pairs of each paradigm in every run (a seeded draw per paradigm, file order kept); None: all."""
+    import random
+
+    if n is None:
+        return pairs
+    by_par: dict[str, list[int]] = {}
+    for i, p in enumerate(pairs):
+        by_par.setdefault(p["paradigm"], []).append(i)
+    keep: list[int] = []
+    for par, idx in by_par.items():
+        keep += idx if len(idx) <= n else sorted(random.Random(f"{par}:0").sample(idx, n))
+    return [pairs[i] for i in sorted(keep)]
+
+
+def zeroshot_task(cfg: DictConfig, tok, spec: TaskSpec, lm, precision: str,
+                  unigram_counts=None) -> tuple[dict[str, float], dict]:
+    """A minimal-pairs task (mlmlab.zeroshot): accuracy overall (mean over paradigms), per field and per paradigm
+    (``downstream/<task>/acc``, ``.../field/<field>/acc``, ``.../paradigm/<paradigm>/acc``); with ``unigram_counts``
+    also the unigram floor (``unigram/<task>/...``). The report keeps the per-pair outcomes as one string
+    (``items``: ``1`` right, ``0`` wrong, ``-`` tie, in the order of the subsample) for paired per-item tests."""
+    import time
+
+    from mlmlab import zeroshot as zs
+
+    if lm is None:
+        raise ValueError(f"task {spec.name} is scored zero-shot and needs the pretrained language model")
+    z = cfg.downstream.zeroshot
+    pairs = subsample_pairs(spec.load(cfg)["pairs"], z.n_per_paradigm)
+    t0 = time.perf_counter()
+    kind = zs.lm_kind(lm)
+    scores = zs.sentence_scores(lm, tok, [p["good"] for p in pairs] + [p["bad"] for p in pairs], z.pll,
+                                z.batch_size, precision)
+    right = zs.judge(scores[: len(pairs)], scores[len(pairs):], pairs)
+    summary = zs.summarize(pairs, right)
+    seconds = time.perf_counter() - t0
+    scorer = ("summed next-token log-probability (causal LM)" if kind == "clm" else
+              f"pseudo-log-likelihood, {z.pll}" + (" (ELECTRA: the generator)" if hasattr(lm, "generator") else ""))
+    metrics = _zeroshot_keys(f"downstream/{spec.name}", summary)
+    report = {"kind": "minimal_pairs", "scorer": scorer, "n_per_paradigm": z.n_per_paradigm, "pairs": len(pairs),
+              "ties": summary["ties"], "unk_pairs": zs.unk_pairs(tok, pairs), "acc": summary["acc"],
+              "fields": summary["fields"], "paradigms": summary["paradigms"], "seconds": seconds,
+              "items": "".join("-" if r is None else str(r) for r in right),
+              "source": spec.load(cfg).get("source")}
+    if unigram_counts is not None:
+        uni = zs.unigram_scores(unigram_counts, tok, [p["good"] for p in pairs] + [p["bad"] for p in pairs])
+        u_right = zs.judge(uni[: len(pairs)], uni[len(pairs):], pairs)
+        u = zs.summarize(pairs, u_right)
+        metrics.update(_zeroshot_keys(f"unigram/{spec.name}", u))
+        report["unigram"] = {"acc": u["acc"], "fields": u["fields"], "items": "".join(
+            "-" if r is None else str(r) for r in u_right), "vs_unigram": zs.mcnemar(right, u_right)}
+    log.info("zero-shot %s: acc %.4f over %d pairs (%d ties, %d with [UNK]) in %.1f s", spec.name, summary["acc"],
+             len(pairs), summary["ties"], report["unk_pairs"], seconds)
+    return metrics, report
+
+
+def _zeroshot_keys(prefix: str, summary: dict) -> dict[str, float]:
+    from mlmlab.zeroshot import slug
+
+    out = {f"{prefix}/acc": summary["acc"]}
+    out.update({f"{prefix}/field/{slug(k)}/acc": v for k, v in summary["fields"].items()})
+    out.update({f"{prefix}/paradigm/{k}/acc": v for k, v in summary["paradigms"].items()})
+    return out
 
 
 def learning_rates(lr) -> list[float]:
@@ -454,14 +520,21 @@ def run_task(cfg: DictConfig, tok, spec: TaskSpec, encoder_cfg: dict, encoder_st
 
 
 def run_downstream(cfg: DictConfig, tok, encoder_cfg: dict, encoder_state: dict, trainer_kwargs: dict,
-                   run_factory: Callable | None = None) -> tuple[dict[str, float], dict]:
+                   run_factory: Callable | None = None, lm=None,
+                   unigram_counts=None) -> tuple[dict[str, float], dict]:
+    """Every task of ``downstream.tasks``: fine-tuned / probed from ``encoder_state``, or, for a minimal-pairs task,
+    scored zero-shot with ``lm`` (the whole pretrained language model; ``unigram_counts``: also the unigram floor)."""
     metrics: dict[str, float] = {}
     report: dict = {}
     main_scores = []
     tasks = task_registry(cfg)
     for name in cfg.downstream.tasks:
         spec = tasks[name]
-        m, report[name] = run_task(cfg, tok, spec, encoder_cfg, encoder_state, trainer_kwargs, run_factory)
+        if spec.kind == "minimal_pairs":
+            m, report[name] = zeroshot_task(cfg, tok, spec, lm, str(trainer_kwargs.get("precision", "32-true")),
+                                            unigram_counts if cfg.downstream.zeroshot.unigram_floor else None)
+        else:
+            m, report[name] = run_task(cfg, tok, spec, encoder_cfg, encoder_state, trainer_kwargs, run_factory)
         metrics.update(m)
         # the score follows the protocol: fine-tuning where it ran, else the probe
         main_scores.append(m.get(f"downstream/{name}/{spec.main_metric}", m.get(f"probe/{name}/{spec.main_metric}")))
@@ -478,6 +551,8 @@ def paired_gain(metrics: dict[str, float], baseline: dict[str, float], mains: di
 
     out: dict[str, float] = {}
     for task, m in mains.items():
+        if f"downstream/{task}/seed_{seeds[0]}/{m}" not in metrics:  # zero-shot / probe-only: no seeds to pair
+            continue
         a = [metrics[f"downstream/{task}/seed_{s}/{m}"] for s in seeds]
         b = [baseline[f"downstream/{task}/seed_{s}/{m}"] for s in seeds]
         diffs = [x - y for x, y in zip(a, b)]

@@ -44,18 +44,21 @@ def finetune(cfg: DictConfig) -> dict[str, float]:
 
 def _body(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state: dict, *,
           loaded: dict) -> dict[str, float]:
-    from mlmlab.checkpoint import encoder_state
+    from mlmlab.checkpoint import encoder_state, language_model
     from mlmlab.data.tasks import task_registry
     from mlmlab.downstream import run_downstream
 
     ckpt_info, tok = loaded["info"], loaded["tokenizer"]
+    tasks = task_registry(cfg)
+    zero_shot = any(tasks[n].kind == "minimal_pairs" for n in cfg.downstream.tasks)
+    lm = language_model(ckpt_info, loaded["state_dict"]) if zero_shot else None
     encoder_cfg, enc_state = ckpt_info["encoder_config"], encoder_state(ckpt_info, loaded.pop("state_dict"))
     ckpt_path = Path(cfg.checkpoint).expanduser().resolve()
     record.set(source_checkpoint={"path": str(ckpt_path), "objective": ckpt_info["objective"],
                                   "encoder_key": ckpt_info["encoder_key"], "pretrain_config": ckpt_info["config"]})
     with record.timer("data"):
         for name in cfg.downstream.tasks:
-            task_registry(cfg)[name].load(cfg)
+            tasks[name].load(cfg)
     # named after the pretraining run dir, so the fine-tunes of a sweep's checkpoints stay apart in its group
     state["run"] = start_wandb(cfg, config, info, out_dir, job_type="finetune", group=ckpt_info.get("wandb_group"),
                                name_prefix=f"ft:{ckpt_path.parent.parent.name}:")
@@ -64,7 +67,8 @@ def _body(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, stat
                                          {**trainer_kwargs(cfg), "devices": 1, "enable_progress_bar": False},
                                          finetune_runs(cfg, config, info, out_dir, ckpt_info.get("wandb_group"),
                                                        f"ft:{ckpt_path.parent.parent.name}",
-                                                       prefix=f"ft:{ckpt_path.parent.parent.name}:"))
+                                                       prefix=f"ft:{ckpt_path.parent.parent.name}:"),
+                                         lm=lm)
     record.set(downstream=report)
     if cfg.downstream.random_init_baseline:  # the untrained encoder the checkpoint's pretraining started from
         from mlmlab.train import random_init_baseline

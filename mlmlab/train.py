@@ -347,7 +347,8 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
         ft, report = run_downstream(cfg, tok, encoder_cfg, encoder_state,
                                     {**trainer_kwargs(cfg), "devices": 1, "enable_progress_bar": False},
                                     finetune_runs(cfg, config, info, out_dir, wandb_group(cfg, info),
-                                                  info.get("override_dirname") or "default"))
+                                                  info.get("override_dirname") or "default"),
+                                    lm=module.model, unigram_counts=ctx.token_counts())
     metrics.update(ft)
     record.set(downstream=report)
     if cfg.downstream.random_init_baseline and cfg.downstream.tasks:
@@ -386,16 +387,34 @@ def random_init_baseline(cfg: DictConfig, tok, encoder_cfg: dict, ft: dict, reco
         state = {k: v.detach().clone() for k, v in model.bert.state_dict().items()}
     with record.timer("finetune_random_init"):
         base, report = run_downstream(cfg, tok, encoder_cfg, state,
-                                      {**trainer_kwargs(cfg), "devices": 1, "enable_progress_bar": False})
+                                      {**trainer_kwargs(cfg), "devices": 1, "enable_progress_bar": False}, lm=model)
     record.set(downstream_random_init=report)
     tasks = task_registry(cfg)
     mains = {t: tasks[t].main_metric for t in cfg.downstream.tasks}
     gain = paired_gain(ft, base, mains, list(cfg.downstream.seeds)) if cfg.downstream.protocol != "probe" else {}
+    gain.update(zeroshot_gain(record.data.get("downstream") or {}, report))
     log.info("random-init baseline: %s", {k: round(v, 4) for k, v in {**base, **gain}.items() if "seed_" not in k})
     probe = {f"gain_probe/{k.split('/', 1)[1]}": ft[k] - base[k] for k in ft if k.startswith("probe/") and k in base}
     renamed = {("random_init_probe/" if k.startswith("probe/") else "random_init/") + k.split("/", 1)[1]: v
                for k, v in base.items()}
     return {**renamed, **gain, **probe}
+
+
+def zeroshot_gain(pretrained: dict, baseline: dict) -> dict[str, float]:
+    """Minimal-pairs tasks: ``gain/<task>/acc`` (pretrained minus random init) and ``gain/<task>/acc_p``, the exact
+    McNemar test on the same pairs (mlmlab.zeroshot.mcnemar)."""
+    from mlmlab.zeroshot import mcnemar
+
+    out: dict[str, float] = {}
+    for task, rep in pretrained.items():
+        if rep.get("kind") != "minimal_pairs" or task not in baseline:
+            continue
+        parse = lambda items: [None if c == "-" else int(c) for c in items]  # noqa: E731
+        test = mcnemar(parse(rep["items"]), parse(baseline[task]["items"]))
+        out[f"gain/{task}/acc"] = rep["acc"] - baseline[task]["acc"]
+        out[f"gain/{task}/acc_p"] = test["p"]
+        rep["vs_random_init"] = test
+    return out
 
 
 def unigram_reference(counts, labels) -> dict[str, float]:

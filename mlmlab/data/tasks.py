@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from mlmlab.config import ConfigError
 from mlmlab.data import builtin
 
-KINDS = ("single", "pair", "token")
+KINDS = ("single", "pair", "token", "minimal_pairs")
 METRICS = ("acc", "f1", "mcc", "entity_f1")
 SPLITS = ("train", "validation", "test")
 
@@ -41,21 +41,32 @@ class TaskSpec:
     hub_splits: dict[str, str] = field(default_factory=dict)  # our split -> the hub's split name
     splits: tuple[str, ...] = ("train", "validation", "test")  # labelled splits the task has
     generate: Callable[[DictConfig], dict] | None = None  # built-in tasks: splits + label_names
+    # minimal_pairs (zero-shot, no training): one <paradigm>.jsonl per paradigm in the local folder; on the hub, one
+    # config per paradigm (split "train"); columns = (good sentence, bad sentence)
+    paradigms: tuple[str, ...] = ()
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The local files' stems: the splits, or a minimal-pairs task's paradigms."""
+        return self.paradigms if self.kind == "minimal_pairs" else self.splits
 
     def check_available(self, cfg: DictConfig) -> None:
         """ConfigError before any work when the task cannot be loaded with this config (no local files, no hub)."""
         if self.generate is not None:
             return
         folder = self.local_dir(cfg)
-        if folder is not None and folder.is_dir():  # local files win; all declared splits must be there
-            missing = [s for s in self.splits if not (folder / f"{s}.jsonl").is_file()]
+        what = "paradigms" if self.kind == "minimal_pairs" else "splits"
+        if folder is not None and folder.is_dir():  # local files win; all declared splits/paradigms must be there
+            missing = [s for s in self.files if not (folder / f"{s}.jsonl").is_file()]
             if missing:
-                raise ConfigError(f"task {self.name}: {', '.join(f'{folder}/{s}.jsonl' for s in missing)} not found "
-                                  f"(the task declares the splits {list(self.splits)})")
+                shown = ", ".join(f"{s}.jsonl" for s in missing[:10]) + (f" (+{len(missing) - 10} more)"
+                                                                         if len(missing) > 10 else "")
+                raise ConfigError(f"task {self.name}: {len(missing)} of the {len(self.files)} {what} it declares "
+                                  f"are missing in {folder}: {shown}")
         elif self.hub is None:
             where = f"{folder}" if folder is not None else f"<data dir>/{self.local}"
-            raise ConfigError(f"task {self.name} needs local files in {where} ({', '.join(self.splits)}.jsonl); set "
-                              "paths.data_dir or MLMLAB_DATA_DIR to a ../shared/data-style folder")
+            raise ConfigError(f"task {self.name} needs local files in {where} (one <{what[:-1]}>.jsonl per "
+                              f"{what[:-1]}); set paths.data_dir or MLMLAB_DATA_DIR to a ../shared/data-style folder")
 
     def local_dir(self, cfg: DictConfig) -> Path | None:
         root = data_root(cfg)
@@ -74,9 +85,32 @@ class TaskSpec:
         self.check_available(cfg)
         folder = self.local_dir(cfg)
         local = folder is not None and folder.is_dir()
+        source = f"local:{folder}" if local else f"hub:{self.hub[0]}" + (f"/{self.hub[1]}" if self.hub[1] else "")
+        if self.kind == "minimal_pairs":
+            return {"pairs": self._pairs(folder if local else None), "label_names": [], "source": source}
         raw = {s: read_jsonl(folder / f"{s}.jsonl") if local else _hub_split(self, s) for s in self.splits}
         out = self.convert(raw)
-        out["source"] = f"local:{folder}" if local else f"hub:{self.hub[0]}" + (f"/{self.hub[1]}" if self.hub[1] else "")
+        out["source"] = source
+        return out
+
+    def _pairs(self, folder: Path | None) -> list[dict]:
+        """Every paradigm's pairs as ``{"good", "bad", "paradigm", "field", "pair_id"}``; a record without the task's
+        columns is reported with its file and line."""
+        good, bad = self.columns
+        out = []
+        for par in self.paradigms:
+            if folder is not None:
+                where, rows = folder / f"{par}.jsonl", read_jsonl(folder / f"{par}.jsonl")
+            else:
+                where, rows = f"{self.hub[0]}/{par}", _hub_rows(self, par)
+            if not rows:
+                raise ConfigError(f"task {self.name}: {where} holds no pairs")
+            for i, r in enumerate(rows):
+                if good not in r or bad not in r:
+                    raise ConfigError(f"task {self.name}: {where}, record {i + 1} lacks {good!r} or {bad!r} "
+                                      f"(it has {sorted(r)})")
+                out.append({"good": str(r[good]), "bad": str(r[bad]), "paradigm": par,
+                            "field": str(r.get("field", "all")), "pair_id": r.get("pairID", i)})
         return out
 
     def convert(self, raw: dict[str, list[dict]]) -> dict:
@@ -197,6 +231,17 @@ def _hub_split(spec: TaskSpec, split: str) -> list[dict]:
     return rows
 
 
+def _hub_rows(spec: TaskSpec, config: str) -> list[dict]:
+    """A minimal-pairs paradigm from the hub (``nyu-mll/blimp`` has one config per paradigm, split ``train``)."""
+    import datasets
+
+    try:
+        return datasets.load_dataset(spec.hub[0], config, split="train").to_list()
+    except Exception as e:
+        raise ConfigError(f"task {spec.name}: could not load {spec.hub[0]}/{config} from the hub ({type(e).__name__}: "
+                          f"{e}); for offline work put <paradigm>.jsonl files under <data dir>/{spec.local}/") from e
+
+
 def _builtin(name: str) -> TaskSpec:
     def generate(cfg: DictConfig) -> dict:
         d, ds = cfg.data, cfg.downstream
@@ -210,7 +255,7 @@ def _builtin(name: str) -> TaskSpec:
 
 
 TASK_KEYS = ("kind", "columns", "label_column", "labels", "metrics", "main_metric", "local", "hub", "hub_splits",
-             "splits")
+             "splits", "paradigms")
 TASK_DIR = Path(__file__).resolve().parents[1] / "tasks"  # the registry: mlmlab/tasks/<name>.yaml
 
 
@@ -238,7 +283,7 @@ def spec_from_yaml(path: Path) -> TaskSpec:
     if raw["kind"] not in KINDS:
         raise bad(f"kind={raw['kind']!r} is not known; allowed: {', '.join(KINDS)}")
     columns = tuple(raw["columns"]) if isinstance(raw["columns"], list) else (raw["columns"],)
-    need = {"single": 1, "pair": 2, "token": 1}[raw["kind"]]
+    need = {"single": 1, "pair": 2, "token": 1, "minimal_pairs": 2}[raw["kind"]]
     if len(columns) != need:
         raise bad(f"kind={raw['kind']} takes {need} column(s) in columns, got {list(columns)}")
     metrics = tuple(raw.get("metrics") or ("acc",))
@@ -250,6 +295,11 @@ def spec_from_yaml(path: Path) -> TaskSpec:
     main = raw.get("main_metric", metrics[0])
     if main not in metrics:
         raise bad(f"main_metric={main!r} must be one of metrics {list(metrics)}")
+    paradigms = tuple(str(x) for x in raw.get("paradigms") or ())
+    if (raw["kind"] == "minimal_pairs") != bool(paradigms):
+        raise bad("paradigms (the <paradigm>.jsonl files) is required for kind=minimal_pairs, and only for it")
+    if raw["kind"] == "minimal_pairs" and metrics != ("acc",):
+        raise bad("kind=minimal_pairs takes metrics [acc] (a pair is right when the good sentence scores higher)")
     splits = tuple(raw.get("splits") or SPLITS)
     if "train" not in splits or any(sp not in SPLITS for sp in splits) or len(splits) < 2:
         raise bad(f"splits={list(splits)} must hold train and at least one of validation, test")
@@ -263,7 +313,8 @@ def spec_from_yaml(path: Path) -> TaskSpec:
     labels = raw.get("labels")
     return TaskSpec(name=name, kind=raw["kind"], columns=columns, label_column=raw.get("label_column", "label"),
                     metrics=metrics, main_metric=main, labels=None if labels is None else tuple(map(str, labels)),
-                    local=raw.get("local"), hub=hub, hub_splits=dict(raw.get("hub_splits") or {}), splits=splits)
+                    local=raw.get("local"), hub=hub, hub_splits=dict(raw.get("hub_splits") or {}), splits=splits,
+                    paradigms=paradigms)
 
 
 def load_task_dir(d: Path | str) -> dict[str, TaskSpec]:
