@@ -260,6 +260,36 @@ def compare(df: pd.DataFrame, by: str, baseline, metric: str = DEFAULT_METRIC, p
     return pd.DataFrame(rows, columns=cols).set_index(by)  # empty (with these columns) if only the baseline ran
 
 
+def label_budget_curve(df: pd.DataFrame, task: str, metric: str = "acc", by: str | None = None,
+                       prefix: str = "downstream", level: float = 0.95) -> pd.DataFrame:
+    """The label-budget curve of ``task`` (jobs run with ``downstream.max_train_examples=[250, 1000, 4000]``): per
+    budget (and per ``by`` group), ``n``, ``mean``, ``std``, ``ci95`` of ``<prefix>/<task>@<N>/<metric>``
+    (``prefix="gain"``: the paired gain over random init). Over pretraining runs where a group has several; over the
+    fine-tuning seeds of its one run otherwise (``unit`` says which)."""
+    import re
+
+    pat = re.compile(rf"{re.escape(prefix)}/{re.escape(task)}@(\d+)/seed_(\w+)/{re.escape(metric)}")
+    cols = {c: pat.fullmatch(c) for c in df.columns}
+    cols = {c: (int(m.group(1)), m.group(2)) for c, m in cols.items() if m}
+    if not cols:
+        raise NoRunsError(f"no {prefix}/{task}@<N>/seed_<s>/{metric} columns: run the jobs with "
+                          "downstream.max_train_examples=[...] (a list of label budgets)")
+    keys = ["run_dir"] + ([_columns(df, by)[0]] if by else [])
+    long = df[keys + list(cols)].melt(id_vars=keys, var_name="col", value_name="value").dropna(subset=["value"])
+    long["budget"] = long["col"].map(lambda c: cols[c][0])
+    group = ([by] if by else []) + ["budget"]
+    per_run = long.groupby(keys + ["budget"], dropna=False)["value"].mean().reset_index()
+    rows = []
+    for gkey, part in per_run.groupby(group, dropna=False):
+        runs = part["run_dir"].nunique()
+        vals = part["value"] if runs > 1 else long[(long["run_dir"] == part["run_dir"].iloc[0])
+                                                   & (long["budget"] == part["budget"].iloc[0])]["value"]
+        std = float(vals.std(ddof=1)) if len(vals) > 1 else float("nan")
+        rows.append((*(gkey if isinstance(gkey, tuple) else (gkey,)), len(vals), float(vals.mean()), std,
+                     t_ci(std, len(vals), level), "runs" if runs > 1 else "fine-tuning seeds"))
+    return pd.DataFrame(rows, columns=[*group, "n", "mean", "std", "ci95", "unit"]).set_index(group)
+
+
 # ---------------------------------------------------------------------------------------------------------- plots
 
 
@@ -283,6 +313,27 @@ def plot_metric(df: pd.DataFrame, x: str, metric: str = DEFAULT_METRIC, hue: str
     ax.set_xlabel(x)
     ax.set_ylabel(f"{metric} (mean, {int(level * 100)}% CI)")
     if hue is not None:
+        ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return ax
+
+
+def plot_label_budget(curve: pd.DataFrame, ax=None, ylabel: str = "score"):
+    """A ``label_budget_curve`` table: score against the number of labelled examples (log x), a line per group."""
+    import matplotlib.pyplot as plt  # the notebook's inline backend there, headless Agg elsewhere
+
+    ax = ax or plt.subplots(figsize=(5, 3.5))[1]
+    t = curve.reset_index()
+    groups = [(None, t)] if t.columns[0] == "budget" else list(t.groupby(t.columns[0]))
+    for name, part in groups:
+        part = part.sort_values("budget")
+        ci = part["ci95"].fillna(0)
+        ax.plot(part["budget"], part["mean"], marker="o", label=None if name is None else f"{t.columns[0]}={name}")
+        ax.fill_between(part["budget"], part["mean"] - ci, part["mean"] + ci, alpha=0.2)
+    ax.set_xscale("log")
+    ax.set_xlabel("labelled training examples")
+    ax.set_ylabel(f"{ylabel} (mean, 95% CI)")
+    if len(groups) > 1:
         ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return ax
@@ -400,7 +451,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--csv", help="write the table (and the comparison, as <name>.compare.csv) here")
     p.add_argument("--png", help="write the plot of the first metric against the first --by column here")
     p.add_argument("--hue", help="a second config column: one line per value in the plot")
+    p.add_argument("--label-budget", metavar="TASK",
+                   help="the label-budget curve of TASK (jobs run with downstream.max_train_examples=[...]) per --by "
+                        "group, for the first --metric's last part (e.g. acc); --png plots it")
+    p.add_argument("--prefix", default="downstream", help="with --label-budget: downstream | gain | random_init")
     a = p.parse_args(argv)
+    if a.label_budget:
+        return _label_budget_cli(a)
     try:
         df = load_runs(a.source, source_kind=a.source_kind)  # failed jobs: left out, counted below
         table = aggregate(df, a.by, a.metric)
@@ -430,6 +487,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         matplotlib.use("Agg")
         ax = plot_metric(df, a.by[0], a.metric[0], hue=a.hue)
+        ax.figure.tight_layout()
+        ax.figure.savefig(a.png, dpi=120)
+    return 0
+
+
+def _label_budget_cli(a) -> int:
+    metric = a.metric[0].rsplit("/", 1)[-1] if a.metric != [DEFAULT_METRIC] else "acc"
+    try:
+        df = load_runs(a.source, source_kind=a.source_kind)
+        curve = label_budget_curve(df, a.label_budget, metric, a.by[0], a.prefix)
+    except (NoRunsError, KeyError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    with pd.option_context("display.width", 160, "display.float_format", "{:.4f}".format):
+        print(f"{a.prefix}/{a.label_budget}@<N>/{metric} by label budget, {len(df)} runs from {a.source}")
+        print(curve.to_string())
+    if a.csv:
+        curve.to_csv(a.csv)
+    if a.png:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        ax = plot_label_budget(curve, ylabel=f"{a.prefix} {a.label_budget} {metric}")
         ax.figure.tight_layout()
         ax.figure.savefig(a.png, dpi=120)
     return 0

@@ -249,7 +249,9 @@ class DownstreamConfig:
     # one W&B run per fine-tuning (task x lr x seed): job_type=finetune, the pretraining run's group, its loss and
     # per-epoch validation curve, its scores in the summary (the job's own run always has the aggregates)
     wandb_runs: bool = False
-    max_train_examples: int | None = None  # the first N training examples of each task (quick runs); null: all
+    # the first N training examples of each task; null: all; a list [250, 1000, 4000]: a label-budget curve, one
+    # score per budget (downstream/<task>@<N>/<metric>; downstream/score takes the largest)
+    max_train_examples: Any = None
     val_fraction: float = 0.1  # held out of train for tasks without a validation split, when one is needed
     # the selection split (lr grid, early stopping; scored after every epoch of every fine-tuning) is cut to its first
     # N examples; null: all of it (SST-2's held-out 10% of train is 6,735 phrases)
@@ -484,8 +486,13 @@ def validate_downstream(cfg: DictConfig, objective: str, max_positions: int) -> 
            f"{f.max_seq_len - 2})")
     _check(f.early_stopping_patience is None or f.early_stopping_patience >= 1,
            f"downstream.finetune.early_stopping_patience={f.early_stopping_patience} must be >= 1 or null")
-    _check(ds.max_train_examples is None or ds.max_train_examples >= 1,
-           f"downstream.max_train_examples={ds.max_train_examples} must be >= 1 or null")
+    mte = ds.max_train_examples
+    budgets = list(mte) if isinstance(mte, ListConfig) else [mte]
+    _check((mte is None or len(budgets) >= 1)
+           and all(x is None and len(budgets) == 1 or isinstance(x, int) and not isinstance(x, bool) and x >= 1
+                   for x in budgets) and len(set(budgets)) == len(budgets),
+           f"downstream.max_train_examples={mte} must be null (all), a number of examples >= 1, or a non-empty list of "
+           "distinct numbers >= 1 (a label-budget curve)")
     _check(ds.max_selection_examples is None or ds.max_selection_examples >= 1,
            f"downstream.max_selection_examples={ds.max_selection_examples} must be >= 1 or null")
     _check(0 < ds.val_fraction < 1, f"downstream.val_fraction={ds.val_fraction} must be in (0, 1)")

@@ -25,6 +25,7 @@ import torch
 from omegaconf import DictConfig, ListConfig
 from torch.utils.data import DataLoader
 
+from mlmlab.config import ConfigError
 from mlmlab.data.tasks import TaskSpec, hold_out, task_registry
 from mlmlab.data.tokenizer import CLS, PAD, SEP
 from mlmlab.lit.finetune import FinetuneModule
@@ -361,7 +362,7 @@ def pooled_features(encoder_cfg: dict, encoder_state: dict, split: dict, pooling
 
 
 def probe_task(spec: TaskSpec, encoder_cfg: dict, encoder_state: dict, splits: dict, label_names: list[str], f,
-               trainer_kwargs: dict) -> tuple[dict[str, float], dict]:
+               trainer_kwargs: dict, key: str | None = None) -> tuple[dict[str, float], dict]:
     """``downstream.protocol=probe|both``: a linear probe on the frozen encoder. Pooled features of the training
     examples -> standardised -> scikit-learn's multinomial logistic regression with L2 strength chosen by 5-fold
     cross-validation on train (``PROBE_CS``); scored on the reported split. Deterministic: no seed noise, so two
@@ -387,8 +388,8 @@ def probe_task(spec: TaskSpec, encoder_cfg: dict, encoder_state: dict, splits: d
     preds = torch.as_tensor(clf.predict(x_test))
     m = classification_metrics(preds, torch.tensor(splits["test"]["labels"]), len(label_names), spec.metrics)
     c = float(np.ravel(clf[-1].C_)[0])
-    log.info("probe %s (C=%g, %.1f s): %s", spec.name, c, time.perf_counter() - t0, m)
-    return ({f"probe/{spec.name}/{k}": v for k, v in m.items()},
+    log.info("probe %s (C=%g, %.1f s): %s", key or spec.name, c, time.perf_counter() - t0, m)
+    return ({f"probe/{key or spec.name}/{k}": v for k, v in m.items()},
             {"C": c, "Cs": list(PROBE_CS), "pooling": pooling, "seconds": time.perf_counter() - t0, **m})
 
 
@@ -461,9 +462,56 @@ def learning_rates(lr) -> list[float]:
     return [float(x) for x in lr] if isinstance(lr, (list, tuple, ListConfig)) else [float(lr)]
 
 
+def label_budgets(value) -> list[int | None]:
+    """``downstream.max_train_examples``: null (all), N, or a list of label budgets [250, 1000, 4000]."""
+    return [int(x) for x in value] if isinstance(value, (list, tuple, ListConfig)) else [value]
+
+
+def task_runs(cfg: DictConfig) -> list[tuple[str, TaskSpec, int | None]]:
+    """``(key, spec, label budget)`` for every task of ``downstream.tasks``: the key is the task's name, or
+    ``<task>@<N>`` for each budget when ``downstream.max_train_examples`` is a list (a label-budget curve, one score
+    per budget: ``downstream/sst2@250/acc`` ...). Zero-shot tasks take no labels and run once."""
+    tasks = task_registry(cfg)
+    value = cfg.downstream.max_train_examples
+    curve = isinstance(value, (list, tuple, ListConfig))
+    out = []
+    for name in cfg.downstream.tasks:
+        spec = tasks[name]
+        if spec.kind == "minimal_pairs" or not curve:
+            out.append((name, spec, None if curve else value))
+        else:
+            out += [(f"{name}@{n}", spec, n) for n in label_budgets(value)]
+    return out
+
+
+def selection_from_train(cfg: DictConfig, data: dict) -> bool:
+    f = cfg.downstream.finetune
+    selection = len(learning_rates(f.lr)) > 1 or f.early_stopping_patience is not None
+    return selection and not ("test" in data and "validation" in data)
+
+
+def check_label_budgets(cfg: DictConfig) -> None:
+    """A label budget larger than a task's training examples (after a selection split held out of train): a
+    ConfigError naming the key, the task and the number available. Call after the tasks are loaded."""
+    for key, spec, n in task_runs(cfg):
+        if n is None or spec.kind == "minimal_pairs":
+            continue
+        data = spec.load(cfg)
+        have = len(data["train"])
+        if selection_from_train(cfg, data):
+            have -= max(1, int(round(cfg.downstream.val_fraction * have)))
+        if n > have:
+            raise ConfigError(f"downstream.max_train_examples: {n} for task {spec.name} is more than its {have} "
+                              f"training examples" + (" (after the selection split held out of train)"
+                                                      if selection_from_train(cfg, data) else ""))
+
+
 def run_task(cfg: DictConfig, tok, spec: TaskSpec, encoder_cfg: dict, encoder_state: dict,
-             trainer_kwargs: dict, run_factory: Callable | None = None) -> tuple[dict[str, float], dict]:
+             trainer_kwargs: dict, run_factory: Callable | None = None, key: str | None = None,
+             budget: int | None = None) -> tuple[dict[str, float], dict]:
+    """One task (or one label budget of it: ``key`` names its metrics, ``budget`` caps its training examples)."""
     ds, f = cfg.downstream, cfg.downstream.finetune
+    key = key or spec.name
     data = spec.load(cfg)
     lrs = learning_rates(f.lr)
     selection = len(lrs) > 1 or f.early_stopping_patience is not None
@@ -479,8 +527,8 @@ def run_task(cfg: DictConfig, tok, spec: TaskSpec, encoder_cfg: dict, encoder_st
         else:
             records["train"], records["validation"] = hold_out(data["train"], ds.val_fraction)
             from_train = True
-    if ds.max_train_examples is not None:
-        records["train"] = records["train"][: ds.max_train_examples]
+    if budget is not None:
+        records["train"] = records["train"][:budget]
     if "validation" in records and ds.max_selection_examples is not None:  # scored after every epoch of every run
         records["validation"] = records["validation"][: ds.max_selection_examples]
     splits = {s: encode_split(tok, spec, r, f) for s, r in records.items()}
@@ -490,7 +538,8 @@ def run_task(cfg: DictConfig, tok, spec: TaskSpec, encoder_cfg: dict, encoder_st
                     "source": data.get("source", "generated"), "label_names": data["label_names"],
                     "n": {names_of[s]: v["n"] for s, v in splits.items()}}
     if ds.protocol in ("probe", "both"):
-        pm, report["probe"] = probe_task(spec, encoder_cfg, encoder_state, splits, data["label_names"], f, trainer_kwargs)
+        pm, report["probe"] = probe_task(spec, encoder_cfg, encoder_state, splits, data["label_names"], f, trainer_kwargs,
+                                         key)
         metrics.update(pm)
     if ds.protocol == "probe":
         return metrics, report
@@ -499,7 +548,7 @@ def run_task(cfg: DictConfig, tok, spec: TaskSpec, encoder_cfg: dict, encoder_st
         for seed in ds.seeds:
             grid.setdefault(lr, {})[seed] = finetune_one(cfg, spec, encoder_cfg, encoder_state, data["label_names"],
                                                          splits, lr, seed, trainer_kwargs, run_factory, reported)
-            log.info("downstream %s lr %g seed %s: %s", spec.name, lr, seed, grid[lr][seed])
+            log.info("downstream %s lr %g seed %s: %s", key, lr, seed, grid[lr][seed])
     main = spec.main_metric
     best_lr = lrs[0] if len(lrs) == 1 else max(
         lrs, key=lambda lr: statistics.fmean(r["validation"][main] for r in grid[lr].values()))
@@ -507,11 +556,11 @@ def run_task(cfg: DictConfig, tok, spec: TaskSpec, encoder_cfg: dict, encoder_st
     for m in names:
         vals = [grid[best_lr][s]["test"][m] for s in ds.seeds]
         mean, std, ci = mean_ci95(vals)
-        metrics[f"downstream/{spec.name}/{m}"], metrics[f"downstream/{spec.name}/{m}_std"] = mean, std
+        metrics[f"downstream/{key}/{m}"], metrics[f"downstream/{key}/{m}_std"] = mean, std
         if ci is not None:
-            metrics[f"downstream/{spec.name}/{m}_ci95"] = ci
+            metrics[f"downstream/{key}/{m}_ci95"] = ci
         for s, v in zip(ds.seeds, vals):
-            metrics[f"downstream/{spec.name}/seed_{s}/{m}"] = v
+            metrics[f"downstream/{key}/seed_{s}/{m}"] = v
     report.update({"best_lr": best_lr, "lrs": lrs,
                    "selection_split": None if not selection else ("train (held out)" if from_train else "validation"),
                    "grid": {str(lr): {str(s): {names_of[k]: v for k, v in r.items()} for s, r in by_seed.items()}
@@ -526,19 +575,18 @@ def run_downstream(cfg: DictConfig, tok, encoder_cfg: dict, encoder_state: dict,
     scored zero-shot with ``lm`` (the whole pretrained language model; ``unigram_counts``: also the unigram floor)."""
     metrics: dict[str, float] = {}
     report: dict = {}
-    main_scores = []
-    tasks = task_registry(cfg)
-    for name in cfg.downstream.tasks:
-        spec = tasks[name]
+    main_scores: dict[str, float] = {}  # per task: its largest label budget's score (the last in task_runs order)
+    for key, spec, budget in sorted(task_runs(cfg), key=lambda r: (r[2] is not None, r[2] or 0)):
         if spec.kind == "minimal_pairs":
-            m, report[name] = zeroshot_task(cfg, tok, spec, lm, str(trainer_kwargs.get("precision", "32-true")),
-                                            unigram_counts if cfg.downstream.zeroshot.unigram_floor else None)
+            m, report[key] = zeroshot_task(cfg, tok, spec, lm, str(trainer_kwargs.get("precision", "32-true")),
+                                           unigram_counts if cfg.downstream.zeroshot.unigram_floor else None)
         else:
-            m, report[name] = run_task(cfg, tok, spec, encoder_cfg, encoder_state, trainer_kwargs, run_factory)
+            m, report[key] = run_task(cfg, tok, spec, encoder_cfg, encoder_state, trainer_kwargs, run_factory, key,
+                                      budget)
         metrics.update(m)
         # the score follows the protocol: fine-tuning where it ran, else the probe
-        main_scores.append(m.get(f"downstream/{name}/{spec.main_metric}", m.get(f"probe/{name}/{spec.main_metric}")))
-    metrics["downstream/score"] = statistics.fmean(main_scores) if main_scores else float("nan")
+        main_scores[spec.name] = m.get(f"downstream/{key}/{spec.main_metric}", m.get(f"probe/{key}/{spec.main_metric}"))
+    metrics["downstream/score"] = statistics.fmean(main_scores.values()) if main_scores else float("nan")
     return metrics, report
 
 

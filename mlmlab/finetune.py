@@ -46,7 +46,7 @@ def _body(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, stat
           loaded: dict) -> dict[str, float]:
     from mlmlab.checkpoint import encoder_state, language_model
     from mlmlab.data.tasks import task_registry
-    from mlmlab.downstream import run_downstream
+    from mlmlab.downstream import check_label_budgets, run_downstream
 
     ckpt_info, tok = loaded["info"], loaded["tokenizer"]
     tasks = task_registry(cfg)
@@ -59,6 +59,7 @@ def _body(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, stat
     with record.timer("data"):
         for name in cfg.downstream.tasks:
             tasks[name].load(cfg)
+        check_label_budgets(cfg)
     # named after the pretraining run dir, so the fine-tunes of a sweep's checkpoints stay apart in its group
     state["run"] = start_wandb(cfg, config, info, out_dir, job_type="finetune", group=ckpt_info.get("wandb_group"),
                                name_prefix=f"ft:{ckpt_path.parent.parent.name}:")

@@ -197,7 +197,7 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     from mlmlab.data.tasks import task_registry
     from mlmlab.data.tokenizer import MASK, PAD
     from mlmlab.data.vocab_stats import make_sampler_context
-    from mlmlab.downstream import run_downstream
+    from mlmlab.downstream import check_label_budgets, run_downstream
     from mlmlab.flops import steps_for_budget
     from mlmlab.guard import Guard, atomic_save_checkpoint, check_resume
     from mlmlab.masking import mask_once
@@ -222,6 +222,7 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
         val_blocks = {k: v[: cfg.data.max_val_blocks] for k, v in val_blocks.items()}
         for name in cfg.downstream.tasks:  # load (and check) every task now: a bad file or an unreachable hub fails
             task_registry(cfg)[name].load(cfg)  # before pretraining, not after it
+        check_label_budgets(cfg)
         ctx = make_sampler_context(cfg, tok, blocks)
         sampler, schedule = build_masking(cfg, ctx, train_blocks), build_schedule(cfg.mask)
         e = cfg.eval  # fixed eval masks: token units, Bernoulli, uniform replacements -- whatever mask.* says
@@ -376,8 +377,7 @@ def random_init_baseline(cfg: DictConfig, tok, encoder_cfg: dict, ft: dict, reco
     import torch
     from pytorch_lightning.utilities.seed import isolate_rng
 
-    from mlmlab.data.tasks import task_registry
-    from mlmlab.downstream import paired_gain, run_downstream
+    from mlmlab.downstream import paired_gain, run_downstream, task_runs
     from mlmlab.models.encoder import BertForMLM, CausalLM, EncoderConfig
 
     with isolate_rng():
@@ -389,8 +389,7 @@ def random_init_baseline(cfg: DictConfig, tok, encoder_cfg: dict, ft: dict, reco
         base, report = run_downstream(cfg, tok, encoder_cfg, state,
                                       {**trainer_kwargs(cfg), "devices": 1, "enable_progress_bar": False}, lm=model)
     record.set(downstream_random_init=report)
-    tasks = task_registry(cfg)
-    mains = {t: tasks[t].main_metric for t in cfg.downstream.tasks}
+    mains = {key: spec.main_metric for key, spec, _ in task_runs(cfg)}
     gain = paired_gain(ft, base, mains, list(cfg.downstream.seeds)) if cfg.downstream.protocol != "probe" else {}
     gain.update(zeroshot_gain(record.data.get("downstream") or {}, report))
     log.info("random-init baseline: %s", {k: round(v, 4) for k, v in {**base, **gain}.items() if "seed_" not in k})
