@@ -493,7 +493,7 @@ def selection_from_train(cfg: DictConfig, data: dict) -> bool:
 def check_label_budgets(cfg: DictConfig) -> None:
     """A label budget larger than a task's training examples (after a selection split held out of train): a
     ConfigError naming the key, the task and the number available. Call after the tasks are loaded."""
-    for key, spec, n in task_runs(cfg):
+    for _key, spec, n in task_runs(cfg):
         if n is None or spec.kind == "minimal_pairs":
             continue
         data = spec.load(cfg)
