@@ -290,6 +290,76 @@ def label_budget_curve(df: pd.DataFrame, task: str, metric: str = "acc", by: str
     return pd.DataFrame(rows, columns=[*group, "n", "mean", "std", "ci95", "unit"]).set_index(group)
 
 
+def load_predictions(spec: str | Path) -> dict:
+    """A run's per-item predictions (``<run dir>/predictions/<arm>.json``, written by every job with downstream
+    tasks). ``spec``: ``<run dir>`` (the pretrained encoder) or ``<run dir>:random_init`` (its random-init arm)."""
+    text = str(spec)
+    arm = "pretrained"
+    if ":" in text and text.rsplit(":", 1)[1] in ("pretrained", "random_init"):
+        text, arm = text.rsplit(":", 1)
+    path = Path(text) / "predictions" / f"{arm}.json"
+    if not path.is_file():
+        raise NoRunsError(f"{path} not found: give a run dir of a job with downstream tasks (optionally "
+                          "<dir>:random_init for its random-init arm)")
+    return json.loads(path.read_text())
+
+
+def _correct(p: dict) -> dict[str, list[list[float]]]:
+    """Per protocol: one 0/1 (None: tie) row per fine-tuning seed (or one row for the probe / zero-shot)."""
+    out: dict[str, list] = {}
+    if "items" in p:
+        out["zeroshot"] = [[None if c == "-" else float(c) for c in p["items"]]]
+        return out
+    truth = p["truth"]
+    if truth and isinstance(truth[0], list):
+        return out  # token tasks: entity F1 does not split into per-item outcomes
+    if "seeds" in p:
+        out["finetune"] = [[float(a == t) for a, t in zip(v, truth)] for _, v in sorted(p["seeds"].items())]
+    if "probe" in p:
+        out["probe"] = [[float(a == t) for a, t in zip(p["probe"], truth)]]
+    return out
+
+
+def compare_items(a: dict, b: dict, level: float = 0.95, n_resamples: int = 10000) -> pd.DataFrame:
+    """Two prediction sets (``load_predictions``) on the same items, per task and protocol: accuracy of each, the
+    difference with a paired bootstrap CI over items (scipy.stats.bootstrap; items resampled, fine-tuning seeds
+    averaged per item), the exact McNemar p (mlmlab.zeroshot.mcnemar; per fine-tuning seed, paired by seed), and the
+    minimal detectable difference at this many items (80% power, two-sided 5%: 2.80 x the std of the per-item
+    difference / sqrt(n)). Ties (zero-shot) are dropped from both sides."""
+    import numpy as np
+    from scipy.stats import bootstrap
+
+    from mlmlab.zeroshot import mcnemar
+
+    rows = []
+    for task in sorted(set(a) & set(b)):
+        pa, pb = a[task], b[task]
+        if pa.get("truth") != pb.get("truth") or len(pa.get("items", "")) != len(pb.get("items", "")):
+            raise ValueError(f"task {task}: the two runs scored different items (split, subsample or labels differ)")
+        ca, cb = _correct(pa), _correct(pb)
+        for proto in sorted(set(ca) & set(cb)):
+            ra, rb = ca[proto], cb[proto]
+            if proto == "finetune":
+                common = sorted(set(pa["seeds"]) & set(pb["seeds"]))
+                ra = [ca[proto][sorted(pa["seeds"]).index(s)] for s in common]
+                rb = [cb[proto][sorted(pb["seeds"]).index(s)] for s in common]
+            keep = [i for i in range(len(ra[0])) if all(r[i] is not None for r in ra + rb)]
+            xa = np.array([[r[i] for i in keep] for r in ra]).mean(0)
+            xb = np.array([[r[i] for i in keep] for r in rb]).mean(0)
+            d = xa - xb
+            ci = bootstrap((d,), np.mean, n_resamples=n_resamples, confidence_level=level, method="percentile",
+                           random_state=np.random.default_rng(0)).confidence_interval
+            tests = [mcnemar([r[i] for i in keep], [q[i] for i in keep]) for r, q in zip(ra, rb)]
+            rows.append({"task": task, "protocol": proto, "n_items": len(keep), "runs_paired": len(ra),
+                         "a": float(xa.mean()), "b": float(xb.mean()), "diff": float(d.mean()),
+                         "ci_low": float(ci.low), "ci_high": float(ci.high),
+                         "mcnemar_p": ", ".join(f"{t['p']:.3g}" for t in tests),
+                         "mdd": float(2.80 * d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")})
+    if not rows:
+        raise NoRunsError("the two prediction sets share no task with per-item outcomes")
+    return pd.DataFrame(rows).set_index(["task", "protocol"])
+
+
 # ---------------------------------------------------------------------------------------------------------- plots
 
 
@@ -443,7 +513,7 @@ def _parse_value(s: str):
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mlmlab.analysis", description="Aggregate a sweep's runs over seeds.")
     p.add_argument("source", help="a job/sweep dir, or wandb:<entity>/<project>[/<group>]")
-    p.add_argument("--by", nargs="+", required=True, help="config columns to group by, e.g. mask.rate")
+    p.add_argument("--by", nargs="+", help="config columns to group by, e.g. mask.rate (required unless --items-vs)")
     p.add_argument("--metric", nargs="+", default=[DEFAULT_METRIC], help="metric columns (default downstream/score)")
     p.add_argument("--baseline", help="a value of the (first) --by column: paired differences against it")
     p.add_argument("--pair-on", default="seed", help="column that pairs runs in --baseline comparisons")
@@ -455,7 +525,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="the label-budget curve of TASK (jobs run with downstream.max_train_examples=[...]) per --by "
                         "group, for the first --metric's last part (e.g. acc); --png plots it")
     p.add_argument("--prefix", default="downstream", help="with --label-budget: downstream | gain | random_init")
+    p.add_argument("--items-vs", metavar="RUN[:random_init]",
+                   help="compare the per-item predictions of the run SOURCE (or SOURCE:random_init) with this one: "
+                        "paired bootstrap CI, McNemar, minimal detectable difference")
     a = p.parse_args(argv)
+    if a.items_vs:
+        try:
+            table = compare_items(load_predictions(a.source), load_predictions(a.items_vs))
+        except (NoRunsError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format",
+                               "{:.4f}".format):
+            print(f"per-item comparison, a = {a.source}, b = {a.items_vs} (diff = a - b)")
+            print(table.to_string())
+        if a.csv:
+            table.to_csv(a.csv)
+        return 0
+    if not a.by:
+        p.error("--by is required (unless --items-vs)")
     if a.label_budget:
         return _label_budget_cli(a)
     try:

@@ -207,26 +207,36 @@ class LengthBucketBatches(torch.utils.data.Sampler):
         return math.ceil(len(self.lengths) / self.bs)
 
 
-def evaluate(model, spec: TaskSpec, split: dict, label_names: list[str], batch_size: int,
-             by_length: bool = True) -> dict[str, float]:
-    """The task's metrics on an encoded split (windows averaged per example; NER words read once)."""
+def predict(model, spec: TaskSpec, split: dict, label_names: list[str], batch_size: int,
+            by_length: bool = True) -> list:
+    """Per example of an encoded split: the predicted label id (window logits averaged), or for NER the predicted
+    tag id of each word (read once, from the window where it is most central)."""
     logits = predict_logits(model, split["items"], batch_size, by_length)
     if spec.kind == "token":
-        true, pred = [], []
         fallback = label_names.index("O") if "O" in label_names else 0
-        for ex in split["index"]:
-            true.append([label_names[t] for t in ex["tags"]])
-            pred.append([label_names[int(logits[a[0]][a[1]].argmax()) if a is not None else fallback]
-                         for a in ex["at"]])
-        return entity_f1(true, pred)
+        return [[int(logits[a[0]][a[1]].argmax()) if a is not None else fallback for a in ex["at"]]
+                for ex in split["index"]]
     n_docs = split["n"]
     sums = torch.zeros(n_docs, len(label_names))
     counts = torch.zeros(n_docs)
     for item, lg in zip(split["items"], logits):
         sums[item["doc"]] += lg
         counts[item["doc"]] += 1
-    preds = (sums / counts[:, None]).argmax(-1)
-    return classification_metrics(preds, torch.tensor(split["labels"]), len(label_names), spec.metrics)
+    return (sums / counts[:, None]).argmax(-1).tolist()
+
+
+def split_metrics(spec: TaskSpec, split: dict, label_names: list[str], preds: list) -> dict[str, float]:
+    """The task's metrics of ``predict``'s output on an encoded split."""
+    if spec.kind == "token":
+        return entity_f1([[label_names[t] for t in ex["tags"]] for ex in split["index"]],
+                         [[label_names[t] for t in p] for p in preds])
+    return classification_metrics(torch.tensor(preds), torch.tensor(split["labels"]), len(label_names), spec.metrics)
+
+
+def evaluate(model, spec: TaskSpec, split: dict, label_names: list[str], batch_size: int,
+             by_length: bool = True) -> dict[str, float]:
+    """The task's metrics on an encoded split (windows averaged per example; NER words read once)."""
+    return split_metrics(spec, split, label_names, predict(model, spec, split, label_names, batch_size, by_length))
 
 
 class BestOnValidation(pl.Callback):
@@ -280,7 +290,7 @@ def finetune_one(cfg: DictConfig, spec: TaskSpec, encoder_cfg: dict, encoder_sta
         out = _finetune_one(cfg, spec, encoder_cfg, encoder_state, label_names, splits, lr, seed, trainer_kwargs, run)
         if run is not None:
             names = {"validation": "selection", "test": reported}
-            run.summary.update({f"{names[s]}/{k}": v for s, m in out.items() for k, v in m.items()})
+            run.summary.update({f"{names[s]}/{k}": v for s, m in out.items() if s in names for k, v in m.items()})
         ok = True
         return out
     finally:
@@ -318,8 +328,14 @@ def _finetune_one(cfg: DictConfig, spec: TaskSpec, encoder_cfg: dict, encoder_st
                          num_sanity_val_steps=0, callbacks=callbacks, log_every_n_steps=max(1, min(10, len(train_dl))),
                          **trainer_kwargs)
     trainer.fit(module, train_dataloaders=train_dl)
-    return {s: evaluate(module, spec, splits[s], label_names, eval_bs, f.length_buckets)
-            for s in ("validation", "test") if s in splits}
+    out: dict = {}
+    for s in ("validation", "test"):
+        if s in splits:
+            preds = predict(module, spec, splits[s], label_names, eval_bs, f.length_buckets)
+            out[s] = split_metrics(spec, splits[s], label_names, preds)
+            if s == "test":
+                out["test_preds"] = preds  # per-item predictions of the reported split (popped by run_task)
+    return out
 
 
 def resolve_pooling(pooling: str, encoder_cfg: dict) -> str:
@@ -390,7 +406,8 @@ def probe_task(spec: TaskSpec, encoder_cfg: dict, encoder_state: dict, splits: d
     c = float(np.ravel(clf[-1].C_)[0])
     log.info("probe %s (C=%g, %.1f s): %s", key or spec.name, c, time.perf_counter() - t0, m)
     return ({f"probe/{key or spec.name}/{k}": v for k, v in m.items()},
-            {"C": c, "Cs": list(PROBE_CS), "pooling": pooling, "seconds": time.perf_counter() - t0, **m})
+            {"C": c, "Cs": list(PROBE_CS), "pooling": pooling, "seconds": time.perf_counter() - t0, **m,
+             "preds": preds.tolist()})
 
 
 def subsample_pairs(pairs: list[dict], n: int | None) -> list[dict]:
@@ -435,15 +452,16 @@ def zeroshot_task(cfg: DictConfig, tok, spec: TaskSpec, lm, precision: str,
     report = {"kind": "minimal_pairs", "scorer": scorer, "n_per_paradigm": z.n_per_paradigm, "pairs": len(pairs),
               "ties": summary["ties"], "unk_pairs": zs.unk_pairs(tok, pairs), "acc": summary["acc"],
               "fields": summary["fields"], "paradigms": summary["paradigms"], "seconds": seconds,
-              "items": "".join("-" if r is None else str(r) for r in right),
-              "source": spec.load(cfg).get("source")}
+              "source": spec.load(cfg).get("source"),
+              "predictions": {"items": "".join("-" if r is None else str(r) for r in right),
+                              "pair_ids": [[p["paradigm"], p["pair_id"]] for p in pairs]}}
     if unigram_counts is not None:
         uni = zs.unigram_scores(unigram_counts, tok, [p["good"] for p in pairs] + [p["bad"] for p in pairs])
         u_right = zs.judge(uni[: len(pairs)], uni[len(pairs):], pairs)
         u = zs.summarize(pairs, u_right)
         metrics.update(_zeroshot_keys(f"unigram/{spec.name}", u))
-        report["unigram"] = {"acc": u["acc"], "fields": u["fields"], "items": "".join(
-            "-" if r is None else str(r) for r in u_right), "vs_unigram": zs.mcnemar(right, u_right)}
+        report["unigram"] = {"acc": u["acc"], "fields": u["fields"], "vs_unigram": zs.mcnemar(right, u_right)}
+        report["predictions"]["unigram_items"] = "".join("-" if r is None else str(r) for r in u_right)
     log.info("zero-shot %s: acc %.4f over %d pairs (%d ties, %d with [UNK]) in %.1f s", spec.name, summary["acc"],
              len(pairs), summary["ties"], report["unk_pairs"], seconds)
     return metrics, report
@@ -537,17 +555,22 @@ def run_task(cfg: DictConfig, tok, spec: TaskSpec, encoder_cfg: dict, encoder_st
     report: dict = {"reported_split": reported, "main_metric": spec.main_metric,
                     "source": data.get("source", "generated"), "label_names": data["label_names"],
                     "n": {names_of[s]: v["n"] for s, v in splits.items()}}
+    report["predictions"] = {"split": reported, "truth": [ex["tags"] for ex in splits["test"]["index"]]
+                             if spec.kind == "token" else splits["test"]["labels"]}
     if ds.protocol in ("probe", "both"):
         pm, report["probe"] = probe_task(spec, encoder_cfg, encoder_state, splits, data["label_names"], f, trainer_kwargs,
                                          key)
         metrics.update(pm)
+        report["predictions"]["probe"] = report["probe"].pop("preds")
     if ds.protocol == "probe":
         return metrics, report
     grid: dict[float, dict[int, dict]] = {}
+    preds: dict[float, dict[int, list]] = {}
     for lr in lrs:
         for seed in ds.seeds:
             grid.setdefault(lr, {})[seed] = finetune_one(cfg, spec, encoder_cfg, encoder_state, data["label_names"],
                                                          splits, lr, seed, trainer_kwargs, run_factory, reported)
+            preds.setdefault(lr, {})[seed] = grid[lr][seed].pop("test_preds", None)
             log.info("downstream %s lr %g seed %s: %s", key, lr, seed, grid[lr][seed])
     main = spec.main_metric
     best_lr = lrs[0] if len(lrs) == 1 else max(
@@ -561,6 +584,8 @@ def run_task(cfg: DictConfig, tok, spec: TaskSpec, encoder_cfg: dict, encoder_st
             metrics[f"downstream/{key}/{m}_ci95"] = ci
         for s, v in zip(ds.seeds, vals):
             metrics[f"downstream/{key}/seed_{s}/{m}"] = v
+    report.setdefault("predictions", {}).update(
+        split=reported, lr=best_lr, seeds={str(sd): preds[best_lr][sd] for sd in ds.seeds})
     report.update({"best_lr": best_lr, "lrs": lrs,
                    "selection_split": None if not selection else ("train (held out)" if from_train else "validation"),
                    "grid": {str(lr): {str(s): {names_of[k]: v for k, v in r.items()} for s, r in by_seed.items()}
@@ -588,6 +613,23 @@ def run_downstream(cfg: DictConfig, tok, encoder_cfg: dict, encoder_state: dict,
         main_scores[spec.name] = m.get(f"downstream/{key}/{spec.main_metric}", m.get(f"probe/{key}/{spec.main_metric}"))
     metrics["downstream/score"] = statistics.fmean(main_scores.values()) if main_scores else float("nan")
     return metrics, report
+
+
+def save_predictions(out_dir, record) -> None:
+    """Move the per-item predictions out of the run record into ``<run dir>/predictions/<arm>.json`` (arm: pretrained,
+    random_init), one entry per task key: the reported split, its truth, the chosen lr and each fine-tuning seed's
+    predicted labels (NER: tag ids per word), the probe's, or a zero-shot task's outcomes (``1`` right, ``0`` wrong,
+    ``-`` tie per pair). ``mlmlab.analysis`` pairs two such files item by item (McNemar, paired bootstrap)."""
+    import json
+    from pathlib import Path
+
+    for arm, section in (("pretrained", "downstream"), ("random_init", "downstream_random_init")):
+        report = record.data.get(section) or {}
+        preds = {k: r.pop("predictions") for k, r in report.items() if isinstance(r, dict) and "predictions" in r}
+        if preds:
+            d = Path(out_dir) / "predictions"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / f"{arm}.json").write_text(json.dumps(preds, separators=(",", ":")))
 
 
 def paired_gain(metrics: dict[str, float], baseline: dict[str, float], mains: dict[str, str],

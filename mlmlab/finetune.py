@@ -46,7 +46,7 @@ def _body(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, stat
           loaded: dict) -> dict[str, float]:
     from mlmlab.checkpoint import encoder_state, language_model
     from mlmlab.data.tasks import task_registry
-    from mlmlab.downstream import check_label_budgets, run_downstream
+    from mlmlab.downstream import check_label_budgets, run_downstream, save_predictions
 
     ckpt_info, tok = loaded["info"], loaded["tokenizer"]
     tasks = task_registry(cfg)
@@ -75,6 +75,7 @@ def _body(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, stat
         from mlmlab.train import random_init_baseline
 
         metrics.update(random_init_baseline(cfg, tok, encoder_cfg, metrics, record, ckpt_info["config"]["seed"]))
+    save_predictions(out_dir, record)
     log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})
     return metrics
 

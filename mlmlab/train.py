@@ -197,7 +197,7 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     from mlmlab.data.tasks import task_registry
     from mlmlab.data.tokenizer import MASK, PAD
     from mlmlab.data.vocab_stats import make_sampler_context
-    from mlmlab.downstream import check_label_budgets, run_downstream
+    from mlmlab.downstream import check_label_budgets, run_downstream, save_predictions
     from mlmlab.flops import steps_for_budget
     from mlmlab.guard import Guard, atomic_save_checkpoint, check_resume
     from mlmlab.masking import mask_once
@@ -354,6 +354,7 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     record.set(downstream=report)
     if cfg.downstream.random_init_baseline and cfg.downstream.tasks:
         metrics.update(random_init_baseline(cfg, tok, encoder_cfg, ft, record, cfg.seed))
+    save_predictions(out_dir, record)
     log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})
     return metrics
 
@@ -409,7 +410,7 @@ def zeroshot_gain(pretrained: dict, baseline: dict) -> dict[str, float]:
         if rep.get("kind") != "minimal_pairs" or task not in baseline:
             continue
         parse = lambda items: [None if c == "-" else int(c) for c in items]  # noqa: E731
-        test = mcnemar(parse(rep["items"]), parse(baseline[task]["items"]))
+        test = mcnemar(parse(rep["predictions"]["items"]), parse(baseline[task]["predictions"]["items"]))
         out[f"gain/{task}/acc"] = rep["acc"] - baseline[task]["acc"]
         out[f"gain/{task}/acc_p"] = test["p"]
         rep["vs_random_init"] = test

@@ -171,6 +171,9 @@ def test_blimp_in_a_job_with_probe_finetune_and_the_random_init_floor(cfg_factor
         assert k in m, k
     assert m["gain/blimp/acc"] == pytest.approx(m["downstream/blimp/acc"] - m["random_init/blimp/acc"])
     r = json.loads((out / "results.json").read_text())["downstream"]["blimp"]
-    assert r["pairs"] == 134 and len(r["items"]) == 134 and set(r["items"]) <= set("01-")
-    assert r["scorer"] == "pseudo-log-likelihood, within_word_l2r" and r["unk_pairs"] >= 0
-    assert r["vs_random_init"]["p"] == m["gain/blimp/acc_p"]
+    assert r["pairs"] == 134 and r["scorer"] == "pseudo-log-likelihood, within_word_l2r" and r["unk_pairs"] >= 0
+    assert r["vs_random_init"]["p"] == m["gain/blimp/acc_p"] and "predictions" not in r
+    items = json.loads((out / "predictions" / "pretrained.json").read_text())["blimp"]["items"]
+    assert len(items) == 134 and set(items) <= set("01-")
+    right = [int(c) for c in items if c != "-"]
+    assert len(right) > 0
