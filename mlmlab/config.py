@@ -135,6 +135,10 @@ class EvalConfig:
     rate: float = 0.15
     seed: int = 1234
     replace: ReplaceConfig = field(default_factory=ReplaceConfig)
+    # curves over pretraining (mlmlab/lit/curves.py): every N steps, BLiMP (the downstream.tasks of kind minimal_pairs,
+    # zeroshot_n_per_paradigm pairs each) and the linear probe of the other downstream tasks; null: off
+    zeroshot_every_n_steps: int | None = None
+    zeroshot_n_per_paradigm: int = 20
 
 
 @dataclass
@@ -516,6 +520,13 @@ def validate(cfg: DictConfig) -> None:
     validate_mask(cfg.mask)
     _check_rate("eval.rate", cfg.eval.rate)
     _check_replace("eval.replace", cfg.eval.replace)
+    n = cfg.eval.get("zeroshot_every_n_steps")
+    _check(n is None or n >= 1, f"eval.zeroshot_every_n_steps={n} must be >= 1 or null (off)")
+    _check(cfg.eval.get("zeroshot_n_per_paradigm", 1) >= 1,
+           f"eval.zeroshot_n_per_paradigm={cfg.eval.get('zeroshot_n_per_paradigm')} must be >= 1")
+    _check(n is None or bool(cfg.downstream.tasks),
+           "eval.zeroshot_every_n_steps needs downstream.tasks (BLiMP for the zero-shot curve, or a classification "
+           "task for the probe curve)")
 
     d = cfg.data
     _check_choice("data.name", d.name, DATA_NAMES)

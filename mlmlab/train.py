@@ -302,13 +302,21 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     if cfg.get("resume") is not None:
         ckpt_path = check_resume(cfg.resume, config)
         record.set(resumed_from=str(ckpt_path))
+    callbacks = [RunInfo(run_info(config, tok, encoder_cfg, module, wandb_group(cfg, info))), guard]
+    curve = None
+    if cfg.eval.zeroshot_every_n_steps is not None and objective != "none":
+        from mlmlab.lit.curves import EvalCurve
+
+        curve = EvalCurve(cfg.eval.zeroshot_every_n_steps,
+                          curve_evaluator(cfg, tok, encoder_cfg, trainer_kwargs(cfg)["precision"]))
+        callbacks.append(curve)
     trainer = pl.Trainer(
         **trainer_kwargs(cfg), devices=t.devices, strategy=t.strategy, num_nodes=t.num_nodes, max_steps=max_steps,
         max_epochs=-1, val_check_interval=t.val_check_interval, check_val_every_n_epoch=None,
         log_every_n_steps=t.log_every_n_steps, gradient_clip_val=t.gradient_clip_val,
         accumulate_grad_batches=t.accumulate_grad_batches, logger=logger, enable_checkpointing=False,
         num_sanity_val_steps=0, default_root_dir=str(out_dir),
-        callbacks=[RunInfo(run_info(config, tok, encoder_cfg, module, wandb_group(cfg, info))), guard],
+        callbacks=callbacks,
     )
     if objective != "none" and trainer.world_size != budget["world_size"]:
         b = cfg.trainer.budget
@@ -330,6 +338,8 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
                 if type(e).__name__ == "SIGTERMException":  # Lightning's own SIGTERM exit (exit code 0): say so
                     raise guard.preempted(trainer.global_step) from e
                 raise
+        if curve is not None:
+            record.set(curves=curve.rows)
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")})
         metrics["train/steps"] = trainer.global_step
         metrics["train/skipped_nonfinite"] = float(guard.skipped)
@@ -357,6 +367,35 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     save_predictions(out_dir, record)
     log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})
     return metrics
+
+
+def curve_evaluator(cfg: DictConfig, tok, encoder_cfg: dict, precision: str):
+    """``eval.zeroshot_every_n_steps``: what mlmlab.lit.curves.EvalCurve runs on the module being pretrained -- each
+    minimal-pairs task of ``downstream.tasks`` zero-shot (``eval.zeroshot_n_per_paradigm`` pairs per paradigm, no
+    unigram floor) and the linear probe of each classification task (at the largest label budget)."""
+    from mlmlab.data.tasks import task_registry
+    from mlmlab.downstream import label_budgets, run_task, zeroshot_task
+
+    sub = OmegaConf.merge(cfg, {"downstream": {"protocol": "probe", "zeroshot": {
+        "n_per_paradigm": cfg.eval.zeroshot_n_per_paradigm, "unigram_floor": False}}})
+    budgets = label_budgets(cfg.downstream.max_train_examples)
+    budget = None if None in budgets else max(budgets)
+    tasks = task_registry(cfg)
+
+    def evaluate(module) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name in cfg.downstream.tasks:
+            spec = tasks[name]
+            if spec.kind == "minimal_pairs":
+                m, _ = zeroshot_task(sub, tok, spec, module.model, precision)
+                out[f"curve/{name}/acc"] = m[f"downstream/{name}/acc"]
+            elif spec.kind != "token":
+                state = {k: v.detach().cpu().clone() for k, v in module.encoder().state_dict().items()}
+                m, _ = run_task(sub, tok, spec, encoder_cfg, state, {"precision": precision}, budget=budget)
+                out.update({f"curve/{k}": v for k, v in m.items()})
+        return out
+
+    return evaluate
 
 
 def calibrate_seconds(cfg: DictConfig, encoder_cfg: dict, sampler, schedule, dm) -> dict:

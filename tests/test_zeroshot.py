@@ -177,3 +177,17 @@ def test_blimp_in_a_job_with_probe_finetune_and_the_random_init_floor(cfg_factor
     assert len(items) == 134 and set(items) <= set("01-")
     right = [int(c) for c in items if c != "-"]
     assert len(right) > 0
+
+
+def test_curves_over_pretraining_log_blimp_and_probe_at_steps(cfg_factory, tmp_path):
+    root = fixture_blimp(tmp_path / "data", n=3)
+    out = tmp_path / "run"
+    m = train(cfg_factory("downstream.tasks=[blimp,builtin_sentiment]", "downstream.protocol=probe",
+                          f"paths.data_dir={root}", "eval.zeroshot_every_n_steps=10", "eval.zeroshot_n_per_paradigm=1",
+                          "trainer.max_steps=20", "logger=none", output_dir=out))
+    curves = json.loads((out / "results.json").read_text())["curves"]
+    assert [r["step"] for r in curves] == [0, 10, 20]
+    assert all({"curve/blimp/acc", "curve/probe/builtin_sentiment/acc"} <= set(r) for r in curves)
+    assert "probe/builtin_sentiment/acc" in m
+    with pytest.raises(ConfigError, match=r"eval.zeroshot_every_n_steps=0 must be >= 1 or null"):
+        validate(cfg_factory("eval.zeroshot_every_n_steps=0"))
