@@ -8,7 +8,8 @@
   i.e. over seeds, with min-max error bars) and a scatter plot with one point per run and the running mean;
 * a parallel-coordinates plot over the swept axes ending in ``downstream/score``;
 * ``train/mask_rate`` and ``val/mlm_loss_r15`` over ``trainer/global_step``;
-* the realized corruption telemetry logged every step (``train/selected_frac``, ``train/mask_frac`` ...).
+* the realized corruption telemetry logged every step (``train/selected_frac``, ``train/mask_frac`` ...);
+* the evaluation curves over pretraining (``eval.zeroshot_every_n_steps``): BLiMP and linear-probe scores by step.
 
 Runs log their whole config nested, so an axis is a dotted config path (``mask.rate``, ``mask.replace.mask``,
 ``mask.schedule._target_``). ``axes`` defaults to ``DEFAULT_AXES``, the masking axes of ``MaskConfig`` and the
@@ -65,6 +66,9 @@ TELEMETRY = (
 # the x-axis of every curve: Lightning's WandbLogger logs it with each call (W&B's own Step counts log calls)
 STEP = "trainer/global_step"
 JOB_TYPE = "pretrain"
+# (title, metric regex) of the evaluation curves over pretraining (eval.zeroshot_every_n_steps)
+CURVES = (("zero-shot minimal pairs over pretraining (curve/<task>/acc)", r"^curve/[^/]+/acc$"),
+          ("linear probe over pretraining (curve/probe/<task>/<metric>)", r"^curve/probe/.+"))
 MAX_ROWS = 6  # rows of panels per section page
 MAX_RUNS = 100  # runs per panel (W&B's default is 10: a sweep of values x seeds has more)
 CONNECT_TIMEOUT_S = 5.0  # the reachability check (name lookup + TCP connect)
@@ -199,6 +203,9 @@ def panel_sections(axes: Sequence[str] = DEFAULT_AXES) -> list[tuple[str, int, l
         (f"{SCORE} by axis", 2, by_axis),  # one row per axis: grouped bars, then the runs
         ("Training", 2, [curve(k) for k in TRAIN_CURVES]),
         ("Realized corruption", 4, [curve(k) for k in TELEMETRY]),
+        # eval.zeroshot_every_n_steps (mlmlab/lit/curves.py): BLiMP and probe scores over pretraining, any task
+        ("Evaluation curves", 2, [wr.LinePlot(title=title, x=STEP, metric_regex=regex, max_runs_to_show=MAX_RUNS)
+                                  for title, regex in CURVES]),
     ]
 
 

@@ -17,6 +17,7 @@ import wandb_workspaces.workspaces as ws  # noqa: E402
 
 from mlmlab import dashboard  # noqa: E402
 from mlmlab.dashboard import (  # noqa: E402
+    CURVES,
     DEFAULT_AXES,
     SCORE,
     STEP,
@@ -78,7 +79,8 @@ def test_workspace_has_a_panel_per_axis_and_the_parallel_coordinates():
 
 def test_workspace_curves_and_telemetry():
     w = build_workspace("ent", "proj", "sweep_a", axes=AXES)
-    curves = {p["config"]["metrics"][0]: p["config"] for p in all_panels(w) if p["viewType"] == "Run History Line Plot"}
+    curves = {p["config"]["metrics"][0]: p["config"] for p in all_panels(w)
+              if p["viewType"] == "Run History Line Plot" and not p["config"].get("useMetricRegex")}
     expected = {"train/mask_rate", "val/mlm_loss_r15", "train/selected_frac", "train/mask_frac", "train/random_frac",
                 "train/keep_frac", "train/random_equals_original", "train/special_selected"}
     assert expected <= set(curves)
@@ -87,6 +89,12 @@ def test_workspace_curves_and_telemetry():
     sections = spec_panels(w)
     assert {p["config"]["metrics"][0] for p in sections["Realized corruption"]} == set(TELEMETRY)
     assert {p["config"]["metrics"][0] for p in sections["Training"]} == {"train/mask_rate", "val/mlm_loss_r15"}
+    # the evaluation curves match the keys mlmlab.lit.curves logs (curve/blimp/acc, curve/probe/sst2/acc)
+    import re
+
+    regexes = [p["config"]["metricRegex"] for p in sections["Evaluation curves"]]
+    assert [bool(re.search(r, "curve/blimp/acc")) for r in regexes] == [True, False]
+    assert [bool(re.search(r, "curve/probe/sst2/acc")) for r in regexes] == [False, True]
 
 
 def test_telemetry_panels_use_the_logged_keys():
@@ -127,7 +135,7 @@ def test_report_has_the_same_panels_and_run_set():
     r = build_report("ent", "proj", "sweep_c", axes=AXES, name="my report")
     assert isinstance(r, wr.Report) and r.title == "my report"
     grids = [b for b in r.blocks if isinstance(b, wr.PanelGrid)]
-    assert len(grids) == 4
+    assert len(grids) == 5
     for g in grids:
         (rs,) = g.runsets
         assert (rs.entity, rs.project) == ("ent", "proj")
@@ -135,8 +143,9 @@ def test_report_has_the_same_panels_and_run_set():
     panels = [p for g in grids for p in g.panels]
     assert sum(isinstance(p, wr.BarPlot) for p in panels) == len(AXES)
     assert sum(isinstance(p, wr.ParallelCoordinatesPlot) for p in panels) == 1
-    assert {p.y[0] for p in panels if isinstance(p, wr.LinePlot)} == {"train/mask_rate", "val/mlm_loss_r15",
-                                                                      *TELEMETRY}
+    assert {p.y[0] for p in panels if isinstance(p, wr.LinePlot) and p.y} == {"train/mask_rate", "val/mlm_loss_r15",
+                                                                              *TELEMETRY}
+    assert {p.metric_regex for p in panels if isinstance(p, wr.LinePlot) and not p.y} == {r for _, r in CURVES}
 
 
 def test_parse_args():
