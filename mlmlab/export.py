@@ -77,11 +77,20 @@ def to_prelayernorm(state: dict, pad_token_id: int = 0) -> dict:
 
 
 def hf_tokenizer(tok):
+    """The checkpoint's tokenizer as a transformers fast tokenizer that encodes exactly as mlmlab feeds the model:
+    ``[CLS] a [SEP]`` and ``[CLS] a [SEP] b [SEP]`` with token types 0 / 1 (mlmlab.downstream.encode_examples; the
+    pretraining blocks are ``[CLS] ... [SEP]`` too). mlmlab itself encodes without special tokens and adds them, so
+    the template is set on a copy for the export only."""
     import transformers
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
 
-    from mlmlab.data.tokenizer import SPECIAL_TOKENS
+    from mlmlab.data.tokenizer import CLS, SEP, SPECIAL_TOKENS
 
     pad, unk, cls, sep, mask = SPECIAL_TOKENS
+    tok = Tokenizer.from_str(tok.to_str())
+    tok.post_processor = TemplateProcessing(single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+                                            special_tokens=[(cls, CLS), (sep, SEP)])
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=pad, unk_token=unk, cls_token=cls,
                                                 sep_token=sep, mask_token=mask,
                                                 model_input_names=["input_ids", "token_type_ids", "attention_mask"])

@@ -81,7 +81,23 @@ def test_export_round_trip_gives_the_same_logits(pretrained, tmp_path):
     tok = checkpoint_tokenizer(info)
     text = ["the demaikru sir was trabi depal .", "i plas this kurir"]
     enc = hf_tok(text, padding=True, return_tensors="pt")
-    assert enc["input_ids"][0].tolist()[: len(tok.encode(text[0]).ids)] == tok.encode(text[0]).ids
+    # exactly what mlmlab feeds the model: [CLS] text [SEP] (and [CLS] a [SEP] b [SEP] with token types 0/1 for pairs)
+    from mlmlab.downstream import encode_examples
+
+    ours_items = encode_examples(tok, [{"text": t, "label": 0} for t in text], 64)
+    for i, item in enumerate(ours_items):
+        n = len(item["input_ids"])
+        assert enc["input_ids"][i].tolist()[:n] == item["input_ids"] and enc["attention_mask"][i].sum() == n
+    pair = encode_examples(tok, [{"text": text[0], "text_b": text[1], "label": 0}], 64)[0]
+    hp = hf_tok(text[0], text[1])
+    assert hp["input_ids"] == pair["input_ids"] and hp["token_type_ids"] == pair["token_type_ids"]
+    # a fill-mask pipeline reads the input the model was trained on: its top token is our model's argmax there
+    fill = transformers.pipeline("fill-mask", model=hf, tokenizer=hf_tok)
+    masked = "the demaikru sir was [MASK] depal ."
+    ids = [2] + tok.encode(masked, add_special_tokens=False).ids + [3]
+    with torch.no_grad():
+        want = int(ours(torch.tensor([ids]))[0, ids.index(4)].argmax())
+    assert fill(masked)[0]["token"] == want
     with torch.no_grad():
         a = ours(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
         b = hf(**enc).logits
