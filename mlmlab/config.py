@@ -316,6 +316,43 @@ class FinetuneJobConfig:
     paths: PathsConfig = field(default_factory=PathsConfig)
 
 
+def unknown_keys(node, schema: type, prefix: str = "") -> list[str]:
+    """Keys of a composed config that its schema does not declare, under every typed (dataclass) node. Hydra rejects
+    ``mask.rat=0.2`` but adds ``+mask.rat=0.2``; this catches the second. Free-form nodes (``dict[str, Any]``:
+    ``mask.sampler``, ``mask.schedule``; ``Any``) are not looked into."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(schema)
+    out = []
+    for k in node.keys():
+        if k not in hints:
+            out.append(f"{prefix}{k}")
+            continue
+        t = hints[k]
+        if dataclasses.is_dataclass(t) and isinstance(node.get(k), DictConfig):
+            out += unknown_keys(node[k], t, f"{prefix}{k}.")
+    return out
+
+
+def check_known_keys(cfg: DictConfig, schema: type) -> None:
+    """ConfigError naming each key the schema does not know (``+mask.rat=0.2``), with the allowed keys of its node."""
+    import typing
+
+    bad = unknown_keys(cfg, schema)
+    if not bad:
+        return
+    key = bad[0]
+    parent, _, _ = key.rpartition(".")
+    node_type = schema
+    for part in parent.split(".") if parent else []:
+        node_type = typing.get_type_hints(node_type)[part]
+    allowed = ", ".join(sorted(typing.get_type_hints(node_type)))
+    raise ConfigError(f"unknown config key{'s' if len(bad) > 1 else ''} {', '.join(bad)} (a typo, or a '+' "
+                      f"override adding a key the schema does not have); allowed{' under ' + parent if parent else ''}:"
+                      f" {allowed}")
+
+
 def register_configs() -> None:
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
     ConfigStore.instance().store(name="finetune_schema", node=FinetuneJobConfig)
@@ -516,6 +553,7 @@ def validate(cfg: DictConfig) -> None:
     """Reject bad values with a :class:`ConfigError` naming the key and the allowed values. Does no data work."""
     from mlmlab.data.tokenizer import SPECIAL_TOKENS, WORD_SEGMENTERS  # local: keeps config importable without data
 
+    check_known_keys(cfg, TrainConfig)
     validate_objective(cfg.objective, cfg.model)
     validate_mask(cfg.mask)
     _check_rate("eval.rate", cfg.eval.rate)

@@ -13,7 +13,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from mlmlab.config import ConfigError, validate_downstream
+from mlmlab.config import ConfigError, FinetuneJobConfig, check_known_keys, validate_downstream
 from mlmlab.train import finetune_runs, run_job, start_wandb, trainer_kwargs
 
 log = logging.getLogger(__name__)
@@ -24,6 +24,7 @@ def prepare(cfg: DictConfig, loaded: dict) -> None:
     validate."""
     from mlmlab.checkpoint import checkpoint_tokenizer, load_checkpoint
 
+    check_known_keys(cfg, FinetuneJobConfig)
     info, state_dict = load_checkpoint(cfg.checkpoint)
     loaded.update(info=info, state_dict=state_dict, tokenizer=checkpoint_tokenizer(info))
     with open_dict(cfg):

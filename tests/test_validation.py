@@ -53,12 +53,17 @@ BAD = [
     (["mask.rate=0"], "mask.rate=0.0 must be in the open interval (0, 1)"),
     (["mask.replace.mask=0.9"], "must sum to 1"),
     (["mask.replace.random=-0.1", "mask.replace.mask=1.0"], "mask.replace.random=-0.1 must be >= 0"),
-    (["downstream.tasks=[nope]"], "downstream.tasks[0]='nope' is not known; allowed: builtin_sentiment, builtin_topic"),
+    (["downstream.tasks=[nope]"], "downstream.tasks[0]='nope' is not known; allowed: blimp, builtin_sentiment, builtin_topic"),
     (["data=text_files", "data.path=/does/not/exist"], "data.path='/does/not/exist' does not exist"),
     (["data.max_seq_len=256"], "exceeds model.max_position_embeddings=128"),
     (["tokenizer.vocab_size=3"], "must be larger than the 5 special tokens"),
     (["eval.rate=1.0"], "eval.rate=1.0 must be in the open interval"),
     (["logger.wandb.mode=bogus"], "allowed: offline, online, disabled"),
+    # Hydra rejects mask.rat=0.2, but '+' adds the key: every key under a typed group must be known
+    (["+mask.rat=0.2"], "unknown config key mask.rat (a typo, or a '+' override"),
+    (["+mask.replace.masks=0.5", "+trainer.budget.second=5"], "unknown config keys mask.replace.masks, "
+                                                             "trainer.budget.second"),
+    (["+seeds=3"], "unknown config key seeds"),
 ]
 
 

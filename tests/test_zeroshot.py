@@ -191,3 +191,17 @@ def test_curves_over_pretraining_log_blimp_and_probe_at_steps(cfg_factory, tmp_p
     assert "probe/builtin_sentiment/acc" in m
     with pytest.raises(ConfigError, match=r"eval.zeroshot_every_n_steps=0 must be >= 1 or null"):
         validate(cfg_factory("eval.zeroshot_every_n_steps=0"))
+
+
+def test_the_shared_blimp_folder_loads_whole(cfg_factory):
+    from conftest import SHARED
+
+    if not (SHARED / "blimp").is_dir():
+        pytest.skip(f"{SHARED}/blimp is not here")
+    pairs = TASKS["blimp"].load(cfg_factory(f"paths.data_dir={SHARED}"))["pairs"]
+    assert len(pairs) == 67_000 and len({p["paradigm"] for p in pairs}) == 67
+    same = sorted((p["paradigm"], p["pair_id"]) for p in pairs if p["good"] == p["bad"])
+    assert same == [("passive_1", "324"), ("passive_1", "810"), ("principle_A_case_2", "105"),
+                    ("principle_A_case_2", "287"), ("principle_A_case_2", "372"), ("principle_A_case_2", "816"),
+                    ("principle_A_case_2", "967")]
+    assert len(subsample_pairs(pairs, 100)) == 6_700

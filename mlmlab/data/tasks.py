@@ -58,6 +58,9 @@ class TaskSpec:
         what = "paradigms" if self.kind == "minimal_pairs" else "splits"
         if folder is not None and folder.is_dir():  # local files win; all declared splits/paradigms must be there
             missing = [s for s in self.files if not (folder / f"{s}.jsonl").is_file()]
+            if missing and self.kind != "minimal_pairs":
+                raise ConfigError(f"task {self.name}: {', '.join(f'{folder}/{s}.jsonl' for s in missing)} not found "
+                                  f"(the task declares the splits {list(self.splits)})")
             if missing:
                 shown = ", ".join(f"{s}.jsonl" for s in missing[:10]) + (f" (+{len(missing) - 10} more)"
                                                                          if len(missing) > 10 else "")
