@@ -554,8 +554,16 @@ def validate(cfg: DictConfig) -> None:
     from mlmlab.data.tokenizer import SPECIAL_TOKENS, WORD_SEGMENTERS  # local: keeps config importable without data
 
     check_known_keys(cfg, TrainConfig)
+    _check(isinstance(cfg.seed, int) and 0 <= cfg.seed < 2**32,
+           f"seed={cfg.seed} must be an integer in [0, 2**32 - 1] (numpy's and torch's seed range)")
     validate_objective(cfg.objective, cfg.model)
     validate_mask(cfg.mask)
+    sampler = cfg.mask.sampler
+    for key in ("word_list", "corpus"):  # the domain sampler's files: found now, not after tokenizing the corpus
+        if isinstance(sampler, DictConfig) and sampler.get(key) is not None:
+            from mlmlab.data.vocab_stats import find_data_path
+
+            find_data_path(str(sampler.get(key)), cfg.paths.get("data_dir"), f"mask.sampler.{key}")
     _check_rate("eval.rate", cfg.eval.rate)
     _check_replace("eval.replace", cfg.eval.replace)
     n = cfg.eval.get("zeroshot_every_n_steps")
@@ -689,6 +697,9 @@ def validate_reliability(cfg: DictConfig) -> None:
         p = resume_path(r)
         _check(p.is_file(), f"resume={r!r}: {p} does not exist; give a run dir holding checkpoints/last.ckpt or the "
                "explicit path of a .ckpt file")
+        from mlmlab.guard import check_resume
+
+        check_resume(r, to_container(cfg))  # the config diff before any data work (the job reads the path again)
 
 
 def to_container(cfg: DictConfig) -> dict:

@@ -107,6 +107,14 @@ def export(checkpoint: str, out: str) -> Path:
     info, state_dict = load_checkpoint(checkpoint)
     tok = checkpoint_tokenizer(info)
     out_dir = Path(out).expanduser()
+    try:  # a folder that cannot be made or written: named now, before any conversion
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".mlmlab_write_test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"out={out!r} cannot be written ({type(e).__name__}: {e.strerror or e}); give a folder "
+                          "you can create files in") from e
     enc = info["encoder_config"]
     pre = _norm(enc) == "pre"
     if info["objective"] == "mlm":

@@ -211,6 +211,9 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", 0)))
 
     with record.timer("data"):
+        for name in cfg.downstream.tasks:  # load (and check) every task first: a bad file or an unreachable hub fails
+            task_registry(cfg)[name].load(cfg)  # before the corpus is tokenized and pretraining starts
+        check_label_budgets(cfg)
         packing: dict = {}
         tok, blocks = get_blocks(cfg, packing)
         vocab_size = tok.get_vocab_size()
@@ -220,9 +223,6 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
             raise ConfigError(f"data.batch_size={cfg.data.batch_size} is larger than the {n_train} training blocks; "
                               f"allowed: 1..{n_train}")
         val_blocks = {k: v[: cfg.data.max_val_blocks] for k, v in val_blocks.items()}
-        for name in cfg.downstream.tasks:  # load (and check) every task now: a bad file or an unreachable hub fails
-            task_registry(cfg)[name].load(cfg)  # before pretraining, not after it
-        check_label_budgets(cfg)
         ctx = make_sampler_context(cfg, tok, blocks)
         sampler, schedule = build_masking(cfg, ctx, train_blocks), build_schedule(cfg.mask)
         e = cfg.eval  # fixed eval masks: token units, Bernoulli, uniform replacements -- whatever mask.* says

@@ -184,3 +184,14 @@ def test_export_cli_usage(tmp_path):
 
     assert main(["checkpoint=x"]) == 2
     assert main([f"checkpoint={tmp_path}/none.ckpt", f"out={tmp_path}/o"]) == 1
+
+
+def test_export_to_a_folder_that_cannot_be_written_names_out(pretrained, tmp_path, capsys):
+    from mlmlab.export import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the folder should go: mkdir fails for any user (root included)
+    ckpt = pretrained["mlm"] / "checkpoints" / "last.ckpt"
+    assert main([f"checkpoint={ckpt}", f"out={blocker}/hf"]) == 1
+    err = capsys.readouterr().err
+    assert f"out='{blocker}/hf' cannot be written" in err and "Traceback" not in err

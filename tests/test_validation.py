@@ -93,3 +93,31 @@ def test_error_raised_before_any_work(tmp_path):
     assert not cache.exists()  # no data work happened
     r = json.loads((out / "results.json").read_text())
     assert r["status"] == "failed" and "mask.rate=1.5" in r["error"]["message"]
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["seed=-1"], "seed=-1 must be an integer in [0, 2**32 - 1]"),
+    (["mask=domain_vocab", "mask.sampler.word_list=/missing.txt", "mask.sampler.corpus=null"],
+     "mask.sampler.word_list='/missing.txt' does not exist"),
+])
+def test_late_errors_now_come_before_any_data_work(overrides, message, cfg_factory, tmp_path, monkeypatch):
+    import mlmlab.data.corpus as corpus
+
+    def no_data(*a, **k):
+        raise AssertionError("data work started before the config error")
+
+    monkeypatch.setattr(corpus, "get_blocks", no_data)
+    with pytest.raises(ConfigError) as e:
+        train(cfg_factory(*overrides, "logger=none", output_dir=tmp_path / "run"))
+    assert message in str(e.value)
+
+
+def test_a_resume_with_another_config_fails_before_data_work(cfg_factory, tmp_path, monkeypatch):
+    first = tmp_path / "first"
+    train(cfg_factory("downstream=none", "logger=none", "trainer.max_steps=4", output_dir=first))
+    import mlmlab.data.corpus as corpus
+
+    monkeypatch.setattr(corpus, "get_blocks", lambda *a, **k: (_ for _ in ()).throw(AssertionError("data work")))
+    with pytest.raises(ConfigError, match="the checkpoint was made with a different config"):
+        train(cfg_factory("downstream=none", "logger=none", "trainer.max_steps=4", "mask.rate=0.3",
+                          f"resume={first}", output_dir=tmp_path / "second"))
