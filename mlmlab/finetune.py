@@ -14,7 +14,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mlmlab.config import ConfigError, FinetuneJobConfig, check_known_keys, validate_downstream
-from mlmlab.train import finetune_runs, run_job, start_wandb, trainer_kwargs
+from mlmlab.train import config_errors_in_one_line, finetune_runs, run_job, start_wandb, trainer_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,7 @@ def _body(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, stat
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="finetune")
+@config_errors_in_one_line
 def main(cfg: DictConfig) -> float:
     return finetune(cfg)["downstream/score"]
 

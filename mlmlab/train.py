@@ -520,7 +520,34 @@ def build_masking(cfg: DictConfig, ctx, train_blocks: dict):
         raise ConfigError(f"mask.sampler ({m.sampler.get('_target_')}): {cause}") from e
 
 
+def config_errors_in_one_line(fn):
+    """A single run's ``ConfigError`` as one line on stderr (and the failed record's path) with exit code 2, instead of
+    Hydra's traceback; ``HYDRA_FULL_ERROR=1`` keeps the traceback. In a multirun the error is raised as before, so the
+    launcher records that job as failed and goes on with the others."""
+    import functools
+    import sys
+
+    @functools.wraps(fn)
+    def wrapper(cfg):
+        try:
+            return fn(cfg)
+        except ConfigError as e:
+            from hydra.core.hydra_config import HydraConfig
+            from hydra.types import RunMode
+
+            multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+            if multirun or os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            record = Path(cfg.paths.output_dir).expanduser() / "results.json"
+            where = f" (record: {record})" if record.exists() else ""
+            print(f"error: {e}{where}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+    return wrapper
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+@config_errors_in_one_line
 def main(cfg: DictConfig) -> float:
     return train(cfg).get("downstream/score", float("nan"))  # DDP ranks > 0 do no downstream work
 

@@ -65,3 +65,22 @@ def test_long_and_path_overrides_give_valid_job_dirs(tmp_path, cache_dir):
     jobs = sorted(d.name for d in sweep.iterdir() if d.is_dir())
     assert len(jobs) == 2 and all(len(j) <= 120 and "~" in j for j in jobs) and jobs[0] != jobs[1]
     assert all((sweep / j / "results.json").exists() for j in jobs)
+
+
+def test_a_config_error_is_one_line_without_a_traceback(tmp_path, cache_dir):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env.update(MLMLAB_CACHE_DIR=str(cache_dir), WANDB_MODE="offline")
+    p = subprocess.run([sys.executable, "-m", "mlmlab.train", "debug=fast", "mask.rate=1.5",
+                        f"paths.output_dir={tmp_path}/run"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 2
+    assert "Traceback" not in p.stderr and "Set the environment variable HYDRA_FULL_ERROR" not in p.stderr
+    line = [x for x in p.stderr.splitlines() if x.startswith("error: ")]
+    assert len(line) == 1 and "mask.rate=1.5 must be in the open interval (0, 1)" in line[0]
+    assert f"(record: {tmp_path}/run/results.json)" in line[0]
