@@ -74,3 +74,14 @@ def test_text_files_line_and_blank_line(cfg_factory, tmp_path):
                                         "data.val_fraction=0.5").data)
     assert [d.split() for d in by_par["train"] + by_par["validation"]] == [
         ["first", "doc", "line", "second", "doc"], ["third", "doc", "still", "third"]]
+
+
+def test_a_vocabulary_that_is_not_the_size_asked_for_is_a_warning(cfg_factory, caplog):
+    import logging
+
+    from mlmlab.data.corpus import get_blocks
+
+    with caplog.at_level(logging.WARNING, logger="mlmlab.data.corpus"):
+        tok, _ = get_blocks(cfg_factory("tokenizer.vocab_size=12"))
+    assert tok.get_vocab_size() > 12
+    assert f"tokenizer.vocab_size=12 asked, the tokenizer has {tok.get_vocab_size()} tokens" in caplog.text

@@ -492,6 +492,11 @@ def get_blocks(cfg: DictConfig, report: dict | None = None) -> tuple[object, dic
         train_wordpiece(texts, t.vocab_size, t.lowercase, t.min_frequency).save(str(tmp))
 
     tok = load_tokenizer(cached_file(cfg.paths.cache_dir, "tokenizer", tokenizer_key(cfg), "tokenizer.json", build_tok))
+    got, asked = tok.get_vocab_size(), cfg.tokenizer.vocab_size
+    if got != asked:  # recorded as data.vocab_size in results.json; said here so that nobody reads the wrong number
+        why = ("every character of the corpus is kept as a token (WordPiece's alphabet), more than the size asked for"
+               if got > asked else f"the corpus has no more pieces seen >= {cfg.tokenizer.min_frequency} times")
+        log.warning("tokenizer.vocab_size=%d asked, the tokenizer has %d tokens: %s", asked, got, why)
 
     segmenter = cfg.tokenizer.word_segmenter
     out = {}
