@@ -341,6 +341,11 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
         if curve is not None:
             record.set(curves=curve.rows)
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")})
+        # realized corruption: the run's mean over every training batch; the last batch's value as <key>_last
+        for k, v in (module.telemetry_means() if hasattr(module, "telemetry_means") else {}).items():
+            if k in metrics:
+                metrics[f"{k}_last"] = metrics[k]
+            metrics[k] = v
         metrics["train/steps"] = trainer.global_step
         metrics["train/skipped_nonfinite"] = float(guard.skipped)
         metrics["budget/tokens"], metrics["budget/flops"] = float(budget["tokens"]), float(budget["flops"])

@@ -120,3 +120,14 @@ def test_one_wandb_run_per_finetuning(cache_dir, tmp_path):
         assert r["summary"]["test/acc"] == pytest.approx(rec["grid"][str(lr)][str(seed)]["test"]["acc"])
         if lr == best:
             assert r["summary"]["test/acc"] == pytest.approx(metrics[f"downstream/builtin_sentiment/seed_{seed}/acc"])
+
+
+def test_realized_corruption_in_results_is_the_run_mean(cfg_factory, tmp_path):
+    from mlmlab.analysis import load_history
+
+    out = tmp_path / "run"
+    m = train(cfg_factory("downstream=none", "trainer.max_steps=12", "trainer.log_every_n_steps=1", output_dir=out))
+    h = load_history(out, ["train/selected_frac"]).dropna(subset=["train/selected_frac"])
+    assert len(h) == 12
+    assert m["train/selected_frac"] == pytest.approx(h["train/selected_frac"].mean(), abs=1e-6)
+    assert m["train/selected_frac_last"] == pytest.approx(h.sort_values("step")["train/selected_frac"].iloc[-1])

@@ -36,7 +36,7 @@ class ElectraModule(MLMModule):
         self.log("train/loss", out.loss.detach(), prog_bar=True)
         self.log_dict({f"train/{k}": v for k, v in rtd_metrics(out).items()})
         self.log("train/mask_rate", float(rate), prog_bar=True)
-        self.log_dict(stats)
+        self.log_telemetry(stats)
         return out.loss
 
     def validation_step(self, batch, batch_idx):

@@ -32,6 +32,27 @@ class MLMModule(pl.LightningModule):
         self.schedule = schedule
         self.dynamic, self.static_copies = mask.get("dynamic", True), mask.get("static_copies", 1)
         self.seed, self.max_steps, self.eval_suffix = seed, max_steps, eval_suffix
+        self.telemetry_sums: dict[str, float] = {}  # realized corruption summed over the run's training batches
+        self.telemetry_batches = 0
+
+    def log_telemetry(self, stats: dict) -> None:
+        """Log one batch's realized corruption (``train/selected_frac`` ...) and add it to the run's sums."""
+        self.log_dict(stats)
+        for k, v in stats.items():
+            self.telemetry_sums[k] = self.telemetry_sums.get(k, 0.0) + float(v)
+        self.telemetry_batches += 1
+
+    def telemetry_means(self) -> dict[str, float]:
+        """The run's mean realized corruption per key (over every training batch, a resumed run's included)."""
+        n = max(1, self.telemetry_batches)
+        return {k: v / n for k, v in self.telemetry_sums.items()}
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["mlmlab_telemetry"] = {"sums": dict(self.telemetry_sums), "batches": self.telemetry_batches}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        t = checkpoint.get("mlmlab_telemetry") or {}
+        self.telemetry_sums, self.telemetry_batches = dict(t.get("sums", {})), int(t.get("batches", 0))
 
     def build_model(self, c: EncoderConfig):
         return BertForMLM(c)
@@ -68,7 +89,7 @@ class MLMModule(pl.LightningModule):
         self.log("train/mlm_loss", loss, prog_bar=True)
         self.log("train/mlm_acc", acc)
         self.log("train/mask_rate", float(rate), prog_bar=True)
-        self.log_dict(stats)
+        self.log_telemetry(stats)
         return loss
 
     def validation_step(self, batch, batch_idx):
