@@ -301,6 +301,8 @@ def finetune_one(cfg: DictConfig, spec: TaskSpec, encoder_cfg: dict, encoder_sta
 def _finetune_one(cfg: DictConfig, spec: TaskSpec, encoder_cfg: dict, encoder_state: dict, label_names: list[str],
                   splits: dict, lr: float, seed: int, trainer_kwargs: dict, run) -> dict[str, dict[str, float]]:
     f = cfg.downstream.finetune
+    trainer_kwargs = dict(trainer_kwargs)
+    label = trainer_kwargs.pop("label", f"{spec.name} lr {lr:g} seed {seed}")
     pl.seed_everything(seed, workers=True, verbose=False)
     g = torch.Generator().manual_seed(seed)
     items = splits["train"]["items"]
@@ -316,6 +318,10 @@ def _finetune_one(cfg: DictConfig, spec: TaskSpec, encoder_cfg: dict, encoder_st
     # length_buckets: large no-grad batches of similar length (predict_logits); else in-order batches as before
     eval_bs = max(256, f.batch_size) if f.length_buckets else max(64, f.batch_size)
     callbacks = []
+    if trainer_kwargs.get("enable_progress_bar"):
+        from mlmlab.lit.progress import FinetuneProgressBar
+
+        callbacks.append(FinetuneProgressBar(label))
     if f.early_stopping_patience is not None and "validation" in splits:
         callbacks.append(BestOnValidation(spec, splits["validation"], label_names, eval_bs, f.early_stopping_patience,
                                           f.length_buckets))
@@ -566,12 +572,20 @@ def run_task(cfg: DictConfig, tok, spec: TaskSpec, encoder_cfg: dict, encoder_st
         return metrics, report
     grid: dict[float, dict[int, dict]] = {}
     preds: dict[float, dict[int, list]] = {}
+    import time
+
+    t0, total, done = time.perf_counter(), len(lrs) * len(ds.seeds), 0
     for lr in lrs:
         for seed in ds.seeds:
+            label = f"{key} lr {lr:g} seed {seed} (run {done + 1}/{total})"
             grid.setdefault(lr, {})[seed] = finetune_one(cfg, spec, encoder_cfg, encoder_state, data["label_names"],
-                                                         splits, lr, seed, trainer_kwargs, run_factory, reported)
+                                                         splits, lr, seed, {**trainer_kwargs, "label": label},
+                                                         run_factory, reported)
             preds.setdefault(lr, {})[seed] = grid[lr][seed].pop("test_preds", None)
-            log.info("downstream %s lr %g seed %s: %s", key, lr, seed, grid[lr][seed])
+            done += 1
+            per_run = (time.perf_counter() - t0) / done
+            log.info("downstream %s: %s (%.0f s per run, %.0f s left for this task)", label, grid[lr][seed], per_run,
+                     per_run * (total - done))
     main = spec.main_metric
     best_lr = lrs[0] if len(lrs) == 1 else max(
         lrs, key=lambda lr: statistics.fmean(r["validation"][main] for r in grid[lr].values()))

@@ -66,7 +66,7 @@ def _body(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, stat
                                name_prefix=f"ft:{ckpt_path.parent.parent.name}:")
     with record.timer("finetune"):
         metrics, report = run_downstream(cfg, tok, encoder_cfg, enc_state,
-                                         {**trainer_kwargs(cfg), "devices": 1, "enable_progress_bar": False},
+                                         {**trainer_kwargs(cfg), "devices": 1},
                                          finetune_runs(cfg, config, info, out_dir, ckpt_info.get("wandb_group"),
                                                        f"ft:{ckpt_path.parent.parent.name}",
                                                        prefix=f"ft:{ckpt_path.parent.parent.name}:"),

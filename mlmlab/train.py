@@ -303,6 +303,10 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
         ckpt_path = check_resume(cfg.resume, config)
         record.set(resumed_from=str(ckpt_path))
     callbacks = [RunInfo(run_info(config, tok, encoder_cfg, module, wandb_group(cfg, info))), guard]
+    if t.enable_progress_bar:
+        from mlmlab.lit.progress import StepProgressBar
+
+        callbacks.append(StepProgressBar())
     curve = None
     if cfg.eval.zeroshot_every_n_steps is not None and objective != "none":
         from mlmlab.lit.curves import EvalCurve
@@ -361,7 +365,7 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     encoder_state = {k: v.detach().cpu().clone() for k, v in module.encoder().state_dict().items()}
     with record.timer("finetune"):
         ft, report = run_downstream(cfg, tok, encoder_cfg, encoder_state,
-                                    {**trainer_kwargs(cfg), "devices": 1, "enable_progress_bar": False},
+                                    {**trainer_kwargs(cfg), "devices": 1},
                                     finetune_runs(cfg, config, info, out_dir, wandb_group(cfg, info),
                                                   info.get("override_dirname") or "default"),
                                     lm=module.model, unigram_counts=ctx.token_counts())
@@ -432,7 +436,7 @@ def random_init_baseline(cfg: DictConfig, tok, encoder_cfg: dict, ft: dict, reco
         state = {k: v.detach().clone() for k, v in model.bert.state_dict().items()}
     with record.timer("finetune_random_init"):
         base, report = run_downstream(cfg, tok, encoder_cfg, state,
-                                      {**trainer_kwargs(cfg), "devices": 1, "enable_progress_bar": False}, lm=model)
+                                      {**trainer_kwargs(cfg), "devices": 1}, lm=model)
     record.set(downstream_random_init=report)
     mains = {key: spec.main_metric for key, spec, _ in task_runs(cfg)}
     gain = paired_gain(ft, base, mains, list(cfg.downstream.seeds)) if cfg.downstream.protocol != "probe" else {}

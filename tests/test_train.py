@@ -131,3 +131,12 @@ def test_realized_corruption_in_results_is_the_run_mean(cfg_factory, tmp_path):
     assert len(h) == 12
     assert m["train/selected_frac"] == pytest.approx(h["train/selected_frac"].mean(), abs=1e-6)
     assert m["train/selected_frac_last"] == pytest.approx(h.sort_values("step")["train/selected_frac"].iloc[-1])
+
+
+def test_progress_bars_show_pretraining_steps_and_each_fine_tuning(cfg_factory, tmp_path, capsys):
+    train(cfg_factory("trainer.enable_progress_bar=true", "downstream.tasks=[builtin_sentiment]", "logger=none",
+                      "downstream.finetune.epochs=2", output_dir=tmp_path / "run"))
+    cap = capsys.readouterr()
+    text = cap.out + cap.err  # tqdm writes where Lightning points it
+    assert "pretraining: 100%" in text and "20/20" in text and "Epoch 0/-" not in text
+    assert "builtin_sentiment lr 0.0003 seed 0 (run 1/1): epoch 2/2" in text
