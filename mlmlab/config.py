@@ -263,6 +263,9 @@ class DownstreamConfig:
     # also fine-tune the untrained encoder (the init of `seed`) with the same protocol: random_init/<task>/<metric> and
     # the paired per-seed gain gain/<task>/<metric> (+ _ci95, _p) in the same job
     random_init_baseline: bool = False
+    # the random-init row is cached by a hash of what it depends on (tokenizer, encoder shape, seed, data, protocol,
+    # precision) and reused by the jobs that share it (results.json: downstream_random_init.reused_from)
+    reuse_random_init: bool = True
     # finetune: fine-tune the encoder (seeds x lrs); probe: a linear probe on the frozen encoder's pooled features
     # (scikit-learn logistic regression, deterministic; probe/<task>/<metric>); both
     protocol: str = "finetune"

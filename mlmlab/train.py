@@ -434,9 +434,17 @@ def random_init_baseline(cfg: DictConfig, tok, encoder_cfg: dict, ft: dict, reco
         c = EncoderConfig(**encoder_cfg)
         model = CausalLM(c) if c.causal else BertForMLM(c)
         state = {k: v.detach().clone() for k, v in model.bert.state_dict().items()}
+    def compute() -> tuple[dict, dict]:
+        return run_downstream(cfg, tok, encoder_cfg, state, {**trainer_kwargs(cfg), "devices": 1}, lm=model)
+
     with record.timer("finetune_random_init"):
-        base, report = run_downstream(cfg, tok, encoder_cfg, state,
-                                      {**trainer_kwargs(cfg), "devices": 1}, lm=model)
+        if cfg.downstream.reuse_random_init:
+            base, report, reused = cached_random_init(cfg, tok, encoder_cfg, seed, compute)
+            if reused:
+                report = {**report, "reused_from": reused}
+                log.info("random-init baseline: reused %s (same tokenizer, encoder, seed and protocol)", reused)
+        else:
+            base, report = compute()
     record.set(downstream_random_init=report)
     mains = {key: spec.main_metric for key, spec, _ in task_runs(cfg)}
     gain = paired_gain(ft, base, mains, list(cfg.downstream.seeds)) if cfg.downstream.protocol != "probe" else {}
@@ -446,6 +454,35 @@ def random_init_baseline(cfg: DictConfig, tok, encoder_cfg: dict, ft: dict, reco
     renamed = {("random_init_probe/" if k.startswith("probe/") else "random_init/") + k.split("/", 1)[1]: v
                for k, v in base.items()}
     return {**renamed, **gain, **probe}
+
+
+def cached_random_init(cfg: DictConfig, tok, encoder_cfg: dict, seed: int, compute) -> tuple[dict, dict, str | None]:
+    """The random-init row once per sweep: its metrics and report (per-item predictions included) cached under a hash
+    of everything it depends on -- the tokenizer, the encoder's shape, the init seed, the data config (built-in tasks
+    are generated from it), the whole downstream protocol and the precision -- so the jobs of a sweep that share them
+    (15% vs 40% masking at the same seed, say) fine-tune the untrained encoder once. Returns (metrics, report, the
+    cache path when it was reused, else None)."""
+    import hashlib
+    import json
+
+    from mlmlab.data.cache import cached_file
+    from mlmlab.data.tasks import data_root
+
+    ds = {k: v for k, v in to_container(cfg)["downstream"].items() if k not in ("wandb_runs", "reuse_random_init")}
+    key = {"kind": "random_init_v1", "tokenizer_sha": hashlib.sha256(tok.to_str().encode()).hexdigest(),
+           "encoder": encoder_cfg, "seed": seed, "downstream": ds, "data": to_container(cfg)["data"],
+           "data_dir": str(data_root(cfg)), "precision": trainer_kwargs(cfg)["precision"]}
+    built = False
+
+    def build(tmp: Path) -> None:
+        nonlocal built
+        base, report = compute()
+        tmp.write_text(json.dumps({"metrics": base, "report": report}, default=str))
+        built = True
+
+    path = cached_file(cfg.paths.cache_dir, "random_init", key, "random_init.json", build)
+    data = json.loads(path.read_text())
+    return data["metrics"], data["report"], None if built else str(path)
 
 
 def zeroshot_gain(pretrained: dict, baseline: dict) -> dict[str, float]:

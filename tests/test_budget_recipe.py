@@ -96,6 +96,18 @@ def test_random_init_baseline_runs_the_same_protocol_in_the_job(cfg_factory, tmp
     n = train(cfg_factory("objective=none", "downstream.tasks=[builtin_sentiment]", "downstream.seeds=[0,1]",
                           "logger=none", output_dir=tmp_path / "none"))
     assert n["downstream/builtin_sentiment/acc"] == pytest.approx(m["random_init/builtin_sentiment/acc"])
+    # a second job of the same sweep (another mask rate, same seed and protocol) reuses the random-init row
+    o = train(cfg_factory("downstream.random_init_baseline=true", "downstream.tasks=[builtin_sentiment]",
+                          "downstream.seeds=[0,1]", "logger=none", "mask.rate=0.3", output_dir=tmp_path / "r30"))
+    r30 = json.loads((tmp_path / "r30" / "results.json").read_text())
+    assert r30["downstream_random_init"]["reused_from"].endswith("random_init.json")
+    assert o["random_init/builtin_sentiment/acc"] == m["random_init/builtin_sentiment/acc"]
+    assert json.loads((tmp_path / "r30" / "predictions" / "random_init.json").read_text())["builtin_sentiment"]
+    q = train(cfg_factory("downstream.random_init_baseline=true", "downstream.tasks=[builtin_sentiment]",
+                          "downstream.seeds=[0,1]", "logger=none", "downstream.reuse_random_init=false",
+                          output_dir=tmp_path / "fresh"))
+    fresh = json.loads((tmp_path / "fresh" / "results.json").read_text())["downstream_random_init"]
+    assert "reused_from" not in fresh and q["random_init/builtin_sentiment/acc"] == m["random_init/builtin_sentiment/acc"]
 
 
 def test_unigram_reference():
