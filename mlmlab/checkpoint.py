@@ -10,7 +10,7 @@ from pathlib import Path
 import pytorch_lightning as pl
 import torch
 
-from mlmlab.config import ConfigError
+from mlmlab.errors import ConfigError
 
 FORMAT = 1
 

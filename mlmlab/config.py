@@ -15,6 +15,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from mlmlab.errors import ConfigError  # noqa: F401  (re-exported: mlmlab.config.ConfigError)
+
 DATA_NAMES = ("builtin", "text_files", "hub", "imdb", "wikitext2", "wikitext103", "zh", "finance", "medical",
               "finance_mix", "medical_mix")  # all but builtin: text files (one source or a data.mix) or a hub data set
 DATA_SOURCES = ("auto", "local", "hub")
@@ -29,8 +31,6 @@ WANDB_MODES = ("offline", "online", "disabled")
 POOLINGS = ("auto", "mean", "cls", "last")
 
 
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the key and the allowed values."""
 
 
 @dataclass

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from mlmlab.config import ConfigError
+from mlmlab.errors import ConfigError
 
 HF_NORMS = ("post", "pre")
 USAGE = "usage: python -m mlmlab.export checkpoint=<path/to/last.ckpt> out=<dir>"

@@ -86,7 +86,7 @@ def _flatten(d, prefix: str = "") -> dict:
 def check_resume(resume: str, config: dict) -> Path:
     """The checkpoint ``resume=`` names, after checking it is a pretraining checkpoint of this same config (ConfigError
     naming ``resume`` and the keys that differ otherwise: an exact resume cannot change the run it continues)."""
-    from mlmlab.config import ConfigError
+    from mlmlab.errors import ConfigError
 
     path = resume_path(resume)  # that it exists was checked by mlmlab.config.validate_reliability
     try:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from mlmlab.config import ConfigError
+from mlmlab.errors import ConfigError
 from mlmlab.data import builtin
 from mlmlab.data.cache import cached_file, config_hash
 from mlmlab.data.tokenizer import (

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from mlmlab.config import ConfigError
+from mlmlab.errors import ConfigError
 from mlmlab.data import builtin
 
 KINDS = ("single", "pair", "token", "minimal_pairs")

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from mlmlab.config import ConfigError
+from mlmlab.errors import ConfigError
 from mlmlab.data.cache import cached_file, config_hash
 from mlmlab.data.corpus import _read_docs, iter_rows, text_files, tokenizer_key
 from mlmlab.data.tokenizer import SPECIAL_TOKENS, UNK
