@@ -25,9 +25,9 @@ import torch
 from omegaconf import DictConfig, ListConfig
 from torch.utils.data import DataLoader
 
-from mlmlab.errors import ConfigError
 from mlmlab.data.tasks import TaskSpec, hold_out, task_registry
 from mlmlab.data.tokenizer import CLS, PAD, SEP
+from mlmlab.errors import ConfigError
 from mlmlab.lit.finetune import FinetuneModule
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from mlmlab.errors import ConfigError
 from mlmlab.data import builtin
 from mlmlab.data.cache import cached_file, config_hash
 from mlmlab.data.tokenizer import (
@@ -35,6 +34,7 @@ from mlmlab.data.tokenizer import (
     segment_words,
     train_wordpiece,
 )
+from mlmlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from mlmlab.errors import ConfigError
 from mlmlab.data import builtin
+from mlmlab.errors import ConfigError
 
 KINDS = ("single", "pair", "token", "minimal_pairs")
 METRICS = ("acc", "f1", "mcc", "entity_f1")

@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from mlmlab.errors import ConfigError
 from mlmlab.data.cache import cached_file, config_hash
 from mlmlab.data.corpus import _read_docs, iter_rows, text_files, tokenizer_key
 from mlmlab.data.tokenizer import SPECIAL_TOKENS, UNK
+from mlmlab.errors import ConfigError
 from mlmlab.masking.replacement import SamplerContext
 
 COUNTS_VERSION = 1
