@@ -31,7 +31,9 @@ def test_every_yaml_composes_and_validates(option, cfg_factory, tmp_path):
     if option == "data=hub":
         extra = ["data.hub=imdb"]  # composes and validates without touching the hub (loading happens in the job)
     if option in ("mask=domain_vocab", "mask/sampler=domain"):
-        extra = ["mask.sampler.word_list=terms.txt"]  # the file is only read when the sampler is built
+        terms = tmp_path / "terms.txt"  # validation checks that the file exists; it is read when the sampler is built
+        terms.write_text("profit\n")
+        extra = [f"mask.sampler.word_list={terms}"]
     if option in DATA_DIR_PRESETS:
         if not SHARED.is_dir():
             pytest.skip(f"{option} reads {SHARED}, which is not here")
