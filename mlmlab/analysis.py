@@ -513,7 +513,8 @@ def _parse_value(s: str):
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mlmlab.analysis", description="Aggregate a sweep's runs over seeds.")
     p.add_argument("source", help="a job/sweep dir, or wandb:<entity>/<project>[/<group>]")
-    p.add_argument("--by", nargs="+", help="config columns to group by, e.g. mask.rate (required unless --items-vs)")
+    p.add_argument("--by", nargs="+", help="config columns to group by, e.g. mask.rate (required unless --items-vs or "
+                                          "--label-budget)")
     p.add_argument("--metric", nargs="+", default=[DEFAULT_METRIC], help="metric columns (default downstream/score)")
     p.add_argument("--baseline", help="a value of the (first) --by column: paired differences against it")
     p.add_argument("--pair-on", default="seed", help="column that pairs runs in --baseline comparisons")
@@ -542,10 +543,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if a.csv:
             table.to_csv(a.csv)
         return 0
-    if not a.by:
-        p.error("--by is required (unless --items-vs)")
-    if a.label_budget:
+    if a.label_budget:  # --by optional: one curve per group, or one curve
         return _label_budget_cli(a)
+    if not a.by:
+        p.error("--by is required (unless --items-vs or --label-budget)")
     try:
         df = load_runs(a.source, source_kind=a.source_kind)  # failed jobs: left out, counted below
         table = aggregate(df, a.by, a.metric)
@@ -584,7 +585,7 @@ def _label_budget_cli(a) -> int:
     metric = a.metric[0].rsplit("/", 1)[-1] if a.metric != [DEFAULT_METRIC] else "acc"
     try:
         df = load_runs(a.source, source_kind=a.source_kind)
-        curve = label_budget_curve(df, a.label_budget, metric, a.by[0], a.prefix)
+        curve = label_budget_curve(df, a.label_budget, metric, a.by[0] if a.by else None, a.prefix)
     except (NoRunsError, KeyError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
