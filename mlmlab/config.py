@@ -510,10 +510,6 @@ def validate_downstream(cfg: DictConfig, objective: str, max_positions: int) -> 
     from mlmlab.downstream import PROTOCOLS
 
     _check_choice("downstream.protocol", ds.protocol, PROTOCOLS)
-    if ds.protocol != "finetune":
-        token = [n for n in ds.tasks if tasks[n].kind == "token"]
-        _check(not token, f"downstream.protocol={ds.protocol}: the linear probe scores single-sentence and pair tasks; "
-               f"{', '.join(token)} is token-level (allowed for it: downstream.protocol=finetune)")
     _check(not (objective == "clm" and ds.finetune.pooling == "cls"),
            "downstream.finetune.pooling=cls with objective=clm: under causal attention the first token sees only "
            "itself; allowed: auto (= last), last, mean")

@@ -356,3 +356,19 @@ def test_registered_names_cannot_be_shadowed(cfg_factory, tmp_path):
     (tmp_path / "sst2.yaml").write_text("kind: single\ncolumns: [a]\nlocal: x\n")
     with pytest.raises(ConfigError, match="task 'sst2' .* is already registered"):
         validate(cfg_factory(f"downstream.task_dirs=[{tmp_path}]", "downstream.tasks=[]"))
+
+
+def test_ner_linear_probe_per_word(cfg_factory, tmp_path):
+    """downstream.protocol=probe on a token task: a per-word probe scored by entity F1 (a fixture where the first word
+    of every sentence is B-PER, so position alone separates the tags)."""
+    spec = TASKS["conll2003"]
+    write_task(tmp_path, spec, n=40)
+    out = tmp_path / "run"
+    m = train(cfg_factory(f"paths.data_dir={tmp_path}", "downstream.tasks=[conll2003]", "downstream.protocol=both",
+                          "logger=none", "downstream.random_init_baseline=true", output_dir=out))
+    assert {"probe/conll2003/entity_f1", "random_init_probe/conll2003/entity_f1", "gain_probe/conll2003/entity_f1",
+            "downstream/conll2003/entity_f1"} <= set(m)
+    assert 0 <= m["probe/conll2003/entity_f1"] <= 1
+    preds = json.loads((out / "predictions" / "pretrained.json").read_text())["conll2003"]
+    assert len(preds["probe"]) == len(preds["truth"]) and all(len(a) == len(b) for a, b in zip(preds["probe"],
+                                                                                              preds["truth"]))
