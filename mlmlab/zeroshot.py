@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +67,25 @@ def _masked_logits(model, input_ids, attention_mask, labels):
     raise TypeError(f"{type(model).__name__} is not a masked LM (no mlm_loss / generator_logits)")
 
 
+@contextmanager
+def _eval_mode(model):
+    """The model in eval mode for the block (no dropout), its training flag restored afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def _pad(seqs: list[list[int]]) -> torch.Tensor:
+    """Right-padded ``(len(seqs), longest)`` id tensor."""
+    out = torch.full((len(seqs), max(len(x) for x in seqs)), PAD, dtype=torch.long)
+    for k, x in enumerate(seqs):
+        out[k, : len(x)] = torch.tensor(x)
+    return out
+
+
 def _autocast(precision: str):
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=str(precision).startswith("bf16"))
 
@@ -81,25 +101,18 @@ def pll_scores(model, tok, sentences: list[str], variant: str = "within_word_l2r
             rows.append((masked, pos, x[pos - 1], s))
     order = sorted(range(len(rows)), key=lambda r: len(rows[r][0]))
     scores = torch.zeros(len(sentences), dtype=torch.float64)
-    was_training = model.training
-    model.eval()
-    try:
+    with _eval_mode(model):
         for b in range(0, len(order), batch_size):
             idx = order[b : b + batch_size]
-            n = max(len(rows[r][0]) for r in idx)
-            inp = torch.full((len(idx), n), PAD, dtype=torch.long)
-            labels = torch.full((len(idx), n), -100, dtype=torch.long)
+            inp = _pad([rows[r][0] for r in idx])
+            labels = torch.full_like(inp, -100)
             for k, r in enumerate(idx):
-                masked, pos, target, _ = rows[r]
-                inp[k, : len(masked)] = torch.tensor(masked)
-                labels[k, pos] = target
+                labels[k, rows[r][1]] = rows[r][2]
             with _autocast(precision):
                 logits = _masked_logits(model, inp, inp != PAD, labels)
             targets = labels[labels != -100]  # one label per row, so row order = label order
             lp = F.log_softmax(logits.float(), dim=-1).gather(1, targets[:, None])[:, 0].double()
             scores.index_add_(0, torch.tensor([rows[r][3] for r in idx]), lp)
-    finally:
-        model.train(was_training)
     return scores.tolist()
 
 
@@ -109,15 +122,10 @@ def clm_scores(model, tok, sentences: list[str], batch_size: int = 256, precisio
     ids, _ = encode_sentences(tok, sentences)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     scores = torch.zeros(len(sentences), dtype=torch.float64)
-    was_training = model.training
-    model.eval()
-    try:
+    with _eval_mode(model):
         for b in range(0, len(order), batch_size):
             idx = order[b : b + batch_size]
-            n = max(len(ids[i]) for i in idx) + 2
-            inp = torch.full((len(idx), n), PAD, dtype=torch.long)
-            for k, i in enumerate(idx):
-                inp[k, : len(ids[i]) + 2] = torch.tensor([CLS, *ids[i], SEP])
+            inp = _pad([[CLS, *ids[i], SEP] for i in idx])
             with _autocast(precision):
                 hidden = model.bert(inp, inp != PAD)[:, :-1]
                 nxt = inp[:, 1:]
@@ -125,10 +133,7 @@ def clm_scores(model, tok, sentences: list[str], batch_size: int = 256, precisio
                 logits = model.cls(hidden[sel])
             lp = F.log_softmax(logits.float(), dim=-1).gather(1, nxt[sel][:, None])[:, 0].double()
             row = torch.arange(len(idx))[:, None].expand_as(sel)[sel]
-            per = torch.zeros(len(idx), dtype=torch.float64).index_add_(0, row, lp)
-            scores[torch.tensor(idx)] = per
-    finally:
-        model.train(was_training)
+            scores[torch.tensor(idx)] = torch.zeros(len(idx), dtype=torch.float64).index_add_(0, row, lp)
     return scores.tolist()
 
 
