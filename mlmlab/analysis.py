@@ -184,14 +184,16 @@ def load_history(source: str | Path, keys: Sequence[str] = ("train/mask_rate",),
             h = h.drop(columns="_step", errors="ignore").rename(columns={"trainer/global_step": "step"})
             frames.append(h.assign(run_dir="wandb:" + "/".join(run.path)))
     else:
-        for run_dir in sorted(Path(source).expanduser().rglob("offline-run-*")):
+        runs: dict[str, list[tuple[Path, dict]]] = {}  # one W&B run id -> its offline logs, oldest first
+        for run_dir in sorted(Path(source).expanduser().rglob("offline-run-*"), key=lambda p: p.name):
             info = read_wandb_offline(run_dir)
             if info["run"].get("job_type", job_type) != job_type:
                 continue
-            rows = [{"step": h.get("trainer/global_step", h.get("_step")), **{k: h[k] for k in keys if k in h}}
-                    for h in info["history"] if any(k in h for k in keys)]
+            runs.setdefault(info["run"].get("id") or str(run_dir), []).append((run_dir, info))
+        for logs in runs.values():
+            rows = _merged_history(logs, keys)
             if rows:
-                frames.append(pd.DataFrame(rows).assign(run_dir=str(run_dir.parent.parent)))
+                frames.append(pd.DataFrame(rows).assign(run_dir=str(logs[-1][0].parent.parent)))
     if not frames:
         raise NoRunsError(f"{source}: no logged history with any of {list(keys)}")
     return pd.concat(frames, ignore_index=True)
@@ -491,6 +493,24 @@ def read_wandb_offline(run_dir: str | Path) -> dict:
                 out["config"][_key(it)] = json.loads(it.value_json)
             out["run"] = {"id": rec.run.run_id, "project": rec.run.project, "group": rec.run.run_group,
                           "job_type": rec.run.job_type, "name": rec.run.display_name}
+    return out
+
+
+def _merged_history(logs: list[tuple[Path, dict]], keys: Sequence[str]) -> list[dict]:
+    """One history from the offline logs of one W&B run id, oldest first: a job resumed from a checkpoint continues
+    its killed run's id in a new log (offline W&B cannot append to the old one), starting at the checkpoint's step, so
+    each log keeps its rows before the next log's first step (the steps the resumed job re-did replace the killed
+    job's)."""
+    per_log = []
+    for _, info in logs:
+        rows = [{"step": h.get("trainer/global_step", h.get("_step")), **{k: h[k] for k in keys if k in h}}
+                for h in info["history"] if any(k in h for k in keys)]
+        per_log.append([r for r in rows if r["step"] is not None] + [r for r in rows if r["step"] is None])
+    out = []
+    for i, rows in enumerate(per_log):
+        later = [r["step"] for rs in per_log[i + 1:] for r in rs if r["step"] is not None]
+        cut = min(later) if later else None
+        out.extend(r for r in rows if cut is None or r["step"] is None or r["step"] < cut)
     return out
 
 

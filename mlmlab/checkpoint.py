@@ -15,11 +15,13 @@ from mlmlab.errors import ConfigError
 FORMAT = 1
 
 
-def run_info(config: dict, tok, encoder_cfg: dict, module, wandb_group: str | None = None) -> dict:
+def run_info(config: dict, tok, encoder_cfg: dict, module, wandb_group: str | None = None,
+             wandb_id: str | None = None) -> dict:
     enc = module.encoder()
     key = next(name for name, m in module.named_modules() if m is enc)
     return {"format": FORMAT, "objective": config["objective"]["name"], "encoder_config": encoder_cfg,
-            "encoder_key": key, "tokenizer": tok.to_str(), "config": config, "wandb_group": wandb_group}
+            "encoder_key": key, "tokenizer": tok.to_str(), "config": config, "wandb_group": wandb_group,
+            "wandb_id": wandb_id}
 
 
 class RunInfo(pl.Callback):

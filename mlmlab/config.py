@@ -209,6 +209,9 @@ class WandbConfig:
     group: str | None = None  # default: the sweep dir name in a multirun, "single" otherwise
     name: str | None = None  # default: the job's overrides
     tags: list[str] = field(default_factory=list)
+    # seconds between W&B's writes of the run's .wandb log to disk (its own default is 15): what a SIGKILL can lose;
+    # a checkpoint waits this long so the log on disk holds everything logged before the checkpoint
+    flush_seconds: float = 2.0
 
 
 @dataclass
@@ -669,6 +672,8 @@ def validate(cfg: DictConfig) -> None:
 
     if cfg.logger.wandb is not None:
         _check_choice("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
+        fs = cfg.logger.wandb.get("flush_seconds", 2.0)
+        _check(fs is not None and 0 < fs <= 60, f"logger.wandb.flush_seconds={fs} must be in (0, 60]")
 
 
 def _check_bf16(t) -> None:

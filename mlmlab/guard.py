@@ -66,6 +66,18 @@ def resume_path(resume: str) -> Path:
     return p / "checkpoints" / "last.ckpt" if p.is_dir() else p
 
 
+def resume_wandb_id(resume: str | None) -> str | None:
+    """The W&B run id a ``resume=`` checkpoint was logged under (None without resume, W&B or a readable checkpoint):
+    the resumed job continues that run."""
+    if resume is None:
+        return None
+    try:
+        ckpt = torch.load(resume_path(resume), map_location="cpu", weights_only=False, mmap=True)
+    except Exception:  # check_resume names the key when the checkpoint is unreadable
+        return None
+    return (ckpt.get("mlmlab") or {}).get("wandb_id") if isinstance(ckpt, dict) else None
+
+
 # what may differ between a checkpoint's run and the run that resumes it (nothing of the pretraining itself)
 RESUME_FREE = ("paths", "resume", "skip_completed", "logger", "downstream", "trainer.checkpoint_every_n_steps",
                "trainer.nonfinite", "trainer.enable_progress_bar", "data.num_workers", "data.num_proc",
@@ -159,6 +171,7 @@ class Guard(pl.Callback):
         self._prev_step = 0
         self._saved_step = -1
         self._rng_to_load: dict | None = None
+        self.after_save: list = []  # callables run after each checkpoint is on disk
 
     @property
     def last_ckpt(self) -> Path:
@@ -253,6 +266,8 @@ class Guard(pl.Callback):
         self.last_good = atomic_save_checkpoint(trainer, self.last_ckpt)
         self._saved_step = trainer.global_step
         log.info("checkpoint: step %d -> %s%s", trainer.global_step, self.last_good, f" ({why})" if why else "")
+        for hook in self.after_save:  # e.g. wait for the logger's log to reach the disk
+            hook()
 
     def preempted(self, step: int) -> Preempted:
         return Preempted(f"SIGTERM at step {step}: checkpoint saved to {self.last_ckpt}; continue with "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import warnings
 from pathlib import Path
 
@@ -46,7 +47,10 @@ def wandb_group(cfg: DictConfig, info: dict) -> str:
 
 
 def start_wandb(cfg: DictConfig, config: dict, info: dict, out_dir: Path, job_type: str = "pretrain",
-                group: str | None = None, name_prefix: str = ""):
+                group: str | None = None, name_prefix: str = "", run_id: str | None = None):
+    """The job's W&B run. ``run_id``: a resumed job continues the W&B run of the checkpoint it resumes -- online with
+    ``resume="allow"``; offline W&B cannot resume (it warns and ignores it), so the resumed job writes a second offline
+    log under the same id, which ``wandb sync`` uploads into the same run and mlmlab.analysis reads as one history."""
     w = cfg.logger.wandb
     if w is None or w.mode == "disabled":
         return None
@@ -54,9 +58,11 @@ def start_wandb(cfg: DictConfig, config: dict, info: dict, out_dir: Path, job_ty
 
     group = group or wandb_group(cfg, info)
     name = name_prefix + (w.name or info.get("override_dirname") or "default")
+    resume = {"id": run_id, **({"resume": "allow"} if w.mode == "online" else {})} if run_id else {}
     return wandb.init(project=w.project, entity=w.entity, mode=w.mode, group=group, job_type=job_type, name=name,
-                      tags=list(w.tags), config=config, dir=str(out_dir), reinit="create_new",
-                      settings=wandb.Settings(console="off", x_disable_stats=True))
+                      tags=list(w.tags), config=config, dir=str(out_dir), reinit="create_new", **resume,
+                      settings=wandb.Settings(console="off", x_disable_stats=True,
+                                              x_transaction_log_flush_interval=float(w.get("flush_seconds", 2.0))))
 
 
 def finish_wandb(run, exit_code: int) -> None:
@@ -199,7 +205,7 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     from mlmlab.data.vocab_stats import make_sampler_context
     from mlmlab.downstream import check_label_budgets, run_downstream, save_predictions
     from mlmlab.flops import steps_for_budget
-    from mlmlab.guard import Guard, atomic_save_checkpoint, check_resume
+    from mlmlab.guard import Guard, atomic_save_checkpoint, check_resume, resume_wandb_id
     from mlmlab.masking import mask_once
     from mlmlab.masking.replacement import UniformSampler
     from mlmlab.models.encoder import EncoderConfig
@@ -263,7 +269,7 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     run = None
     if rank == 0:
         try:
-            run = start_wandb(cfg, config, info, out_dir)
+            run = start_wandb(cfg, config, info, out_dir, run_id=resume_wandb_id(cfg.get("resume")))
         except Exception as e:  # W&B is never the only copy: log it, record it, go on without W&B
             log.error("W&B failed to start (%s: %s); continuing without W&B (results.json is still written)",
                       type(e).__name__, e)
@@ -302,7 +308,10 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     if cfg.get("resume") is not None:
         ckpt_path = check_resume(cfg.resume, config)
         record.set(resumed_from=str(ckpt_path))
-    callbacks = [RunInfo(run_info(config, tok, encoder_cfg, module, wandb_group(cfg, info))), guard]
+    if run is not None:  # what W&B logged before a checkpoint is on disk when the checkpoint is (a SIGKILL keeps it)
+        guard.after_save.append(lambda: time.sleep(float(cfg.logger.wandb.get("flush_seconds", 2.0)) + 0.1))
+    callbacks = [RunInfo(run_info(config, tok, encoder_cfg, module, wandb_group(cfg, info),
+                                  run.id if run is not None else None)), guard]
     if t.enable_progress_bar:
         from mlmlab.lit.progress import StepProgressBar
 

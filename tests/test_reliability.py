@@ -388,3 +388,31 @@ def test_resumable_sampler_keeps_the_old_order_and_resumes_anywhere():
         dl = DataLoader(ds, batch_size=8, sampler=s, drop_last=True)
         got = [b.tolist() for _ in range(4 - epoch) for b in dl]
         assert got[: len(stream) - 6 * epoch - start] == stream[6 * epoch + start:]
+
+
+def test_sigkill_then_resume_continues_the_same_wandb_run(cache_dir, tmp_path):
+    """Issue 19: a SIGKILLed job's offline W&B log keeps its config and every step logged before its last checkpoint
+    (the checkpoint waits for W&B's flush), the resumed job logs under the same W&B run id, and the history read back
+    is whole: steps 1-14 once each (step 9, logged by the killed job and re-done after the resume, once)."""
+    from mlmlab.analysis import load_history, read_wandb_offline, wandb_run_dirs
+
+    run = tmp_path / "run"
+    args = [*[a for a in SMALL if a != "logger=none"], "logger=wandb", "logger.wandb.flush_seconds=0.3",
+            "trainer.checkpoint_every_n_steps=4", f"hydra.run.dir={run}"]
+    p = _cli(args, cache_dir, env={"MLMLAB_FAULT_KILL_AT_STEP": "9"})
+    assert p.returncode == -signal.SIGKILL, p.stderr[-3000:]
+    (killed,) = wandb_run_dirs(run)
+    info = read_wandb_offline(killed)
+    assert info["config"]["mask"]["rate"] == 0.15 and info["run"]["id"]
+    steps = {h["trainer/global_step"] for h in info["history"] if "train/mlm_loss" in h}
+    # W&B's x-axis is Lightning's global_step at logging time: 0-7 are steps 1-8, all before the step-8 checkpoint
+    assert set(range(8)) <= steps, sorted(steps)
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["mlmlab"]["wandb_id"] == info["run"]["id"]
+
+    p = _cli([*args, f"resume={run}"], cache_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    dirs = wandb_run_dirs(run)
+    assert len(dirs) == 2 and read_wandb_offline(dirs[1])["run"]["id"] == info["run"]["id"]
+    h = load_history(run, keys=["train/mlm_loss"])
+    assert h["step"].tolist() == list(range(14))

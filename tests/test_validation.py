@@ -62,6 +62,7 @@ BAD = [
     (["tokenizer.vocab_size=3"], "must be larger than the 5 special tokens"),
     (["eval.rate=1.0"], "eval.rate=1.0 must be in the open interval"),
     (["logger.wandb.mode=bogus"], "allowed: offline, online, disabled"),
+    (["logger.wandb.flush_seconds=0"], "logger.wandb.flush_seconds=0.0 must be in (0, 60]"),
     # Hydra rejects mask.rat=0.2, but '+' adds the key: every key under a typed group must be known
     (["+mask.rat=0.2"], "unknown config key mask.rat (a typo, or a '+' override"),
     (["+mask.replace.masks=0.5", "+trainer.budget.second=5"], "unknown config keys mask.replace.masks, "
