@@ -348,5 +348,16 @@ def summarize_sweep(sweep_dir: Path) -> dict | None:
     lines += [f"  FAILED {j['dir']}: {j['status']}: {(j['error'] or '')[:300]}" for j in bad]
     msg = "\n".join(lines)
     log.warning(msg) if bad else log.info(msg)
-    print(msg, flush=True)  # at interpreter exit the logging handlers may be gone
+    if not _logs_to_console(log):  # at interpreter exit the logging handlers may be gone: then print it, once
+        print(msg, flush=True)
     return summary
+
+
+def _logs_to_console(logger: logging.Logger) -> bool:
+    """Whether a record of ``logger`` reaches a stream handler that is not a file (the terminal)."""
+    lg: logging.Logger | None = logger
+    while lg is not None:
+        if any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) for h in lg.handlers):
+            return True
+        lg = lg.parent if lg.propagate else None
+    return False

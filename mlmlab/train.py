@@ -148,7 +148,10 @@ def run_job(cfg: DictConfig, check, body) -> dict[str, float]:
     ``body(cfg, config, info, out_dir, record, state)``; ``results.json`` ok or failed; W&B finished whatever happens."""
     info = hydra_info()
     out_dir = Path(cfg.paths.output_dir).expanduser()
+    from mlmlab.lit import quiet_library_noise
     from mlmlab.results import RunRecord
+
+    quiet_library_noise()
 
     record = RunRecord(out_dir, _safe_container(cfg), info.get("overrides"))
     state: dict = {}  # _run puts the W&B run here as soon as it exists
