@@ -1,16 +1,30 @@
-"""What a pretraining checkpoint carries besides Lightning's state, so that it can be fine-tuned
-(``python -m mlmlab.finetune``) or exported (``python -m mlmlab.export``) on its own: the tokenizer, the encoder's
-config, where the encoder sits in the state dict, the objective and the whole resolved run config.
+"""Checkpoints: what a pretraining checkpoint carries besides Lightning's state, so that it can be fine-tuned
+(``python -m mlmlab.finetune``) or exported (``python -m mlmlab.export``) on its own -- the tokenizer, the encoder's
+config, where the encoder sits in the state dict, the objective, the whole resolved run config and the W&B run id --
+and how checkpoints are written (atomically) and resumed (``resume=``: the path, the config diff, the global RNG
+states a checkpoint carries beyond Lightning's own).
+
+Exact resume needs five things to continue where they were: the global step, optimizer and LR-scheduler state (Lightning
+saves them), the mask stream and the schedule position (keyed by the global step, see ``mlmlab.lit.mlm``), the data order
+(``mlmlab.data.datamodule.ResumableSampler``: a fixed permutation per (seed, epoch), restarted at the batch after the
+last one trained) and the global RNG states that dropout draws from (saved and restored by ``mlmlab.guard.Guard``).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import random
+import uuid
 from pathlib import Path
 
+import numpy as np
 import pytorch_lightning as pl
 import torch
 
 from mlmlab.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 FORMAT = 1
 
@@ -85,3 +99,98 @@ def language_model(info: dict, state_dict: dict):
     prefix = info["encoder_key"].rsplit(".", 1)[0] + "."
     model.load_state_dict({k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)})
     return model.eval()
+
+
+# ------------------------------------------------------------------------------------------- writing and resuming
+
+
+def atomic_save_checkpoint(trainer: pl.Trainer, path: str | Path) -> Path:
+    """``trainer.save_checkpoint`` to a temporary file in the same folder, then ``os.replace``: a kill at any moment
+    leaves either the previous checkpoint or the new one, never a truncated file under the final name."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{uuid.uuid4().hex[:6]}")
+    trainer.save_checkpoint(tmp)  # all ranks call it; rank 0 writes
+    if trainer.is_global_zero:
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    trainer.strategy.barrier("atomic_save_checkpoint")
+    return path
+
+
+def resume_path(resume: str) -> Path:
+    """``resume=<run dir or .ckpt file>``: a run dir means ``<dir>/checkpoints/last.ckpt``."""
+    p = Path(str(resume)).expanduser()
+    return p / "checkpoints" / "last.ckpt" if p.is_dir() else p
+
+
+def resume_wandb_id(resume: str | None) -> str | None:
+    """The W&B run id a ``resume=`` checkpoint was logged under (None without resume, W&B or a readable checkpoint):
+    the resumed job continues that run."""
+    if resume is None:
+        return None
+    try:
+        ckpt = torch.load(resume_path(resume), map_location="cpu", weights_only=False, mmap=True)
+    except Exception:  # check_resume names the key when the checkpoint is unreadable
+        return None
+    return (ckpt.get("mlmlab") or {}).get("wandb_id") if isinstance(ckpt, dict) else None
+
+
+# what may differ between a checkpoint's run and the run that resumes it (nothing of the pretraining itself)
+RESUME_FREE = ("paths", "resume", "skip_completed", "logger", "downstream", "trainer.checkpoint_every_n_steps",
+               "trainer.nonfinite", "trainer.enable_progress_bar", "data.num_workers", "data.num_proc",
+               "eval.zeroshot_every_n_steps", "eval.zeroshot_n_per_paradigm")
+
+
+def _flatten(d, prefix: str = "") -> dict:
+    out = {}
+    for k, v in (d or {}).items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def check_resume(resume: str, config: dict) -> Path:
+    """The checkpoint ``resume=`` names, after checking it is a pretraining checkpoint of this same config (ConfigError
+    naming ``resume`` and the keys that differ otherwise: an exact resume cannot change the run it continues)."""
+
+    path = resume_path(resume)  # that it exists was checked by mlmlab.config.validate_reliability
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:
+        raise ConfigError(f"resume={resume!r}: {path} could not be read as a checkpoint ({type(e).__name__}: {e})") \
+            from e
+    before = ((ckpt.get("mlmlab") or {}).get("config")) if isinstance(ckpt, dict) else None
+    if before is None:
+        raise ConfigError(f"resume={resume!r}: {path} is not an mlmlab pretraining checkpoint")
+    free = lambda k: any(k == f or k.startswith(f + ".") for f in RESUME_FREE)  # noqa: E731
+    a, b = _flatten(before), _flatten(config)
+    changed = sorted(k for k in set(a) | set(b) if not free(k) and a.get(k) != b.get(k))
+    if changed:
+        raise ConfigError(f"resume={resume!r}: the checkpoint was made with a different config ("
+                          + ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in changed[:8])
+                          + (" ..." if len(changed) > 8 else "") + "); resume with the same overrides")
+    log.info("resuming from %s (global step %s)", path, ckpt.get("global_step"))
+    return path
+
+
+def rng_state() -> dict:  # plain types and tensors only: Lightning loads checkpoints with weights_only=True
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    s = {"torch": torch.get_rng_state(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+         "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        s["cuda"] = torch.cuda.get_rng_state_all()
+    return s
+
+
+def set_rng_state(s: dict) -> None:
+    torch.set_rng_state(s["torch"])
+    kind, keys, pos, has_gauss, cached = s["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    random.setstate(s["python"])
+    if "cuda" in s and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])

@@ -199,6 +199,9 @@ class TrainerConfig:
     # a SIGTERM always checkpoints), and what a NaN/inf loss or gradient does: error | skip | off
     checkpoint_every_n_steps: int | None = None
     nonfinite: str = "error"
+    # torch threads of the job: an int, or auto -- every core for a job alone, cores // n_jobs for each of the n_jobs
+    # jobs the joblib launcher runs at once (hydra/launcher=cores), so parallel jobs never share a core
+    threads: Any = "auto"
 
 
 @dataclass
@@ -367,7 +370,7 @@ def register_configs() -> None:
     if not OmegaConf.has_resolver("job_subdir"):
         OmegaConf.register_new_resolver("job_subdir", job_subdir)
     if not OmegaConf.has_resolver("mlmlab_sweeps"):  # hydra.searchpath: `+sweep=<name>` finds sweeps/sweep/<name>.yaml
-        OmegaConf.register_new_resolver("mlmlab_sweeps", lambda: str(Path(__file__).resolve().parents[1] / "sweeps"))
+        OmegaConf.register_new_resolver("mlmlab_sweeps", lambda: str(Path(__file__).parent / "sweeps"))
 
 
 def job_subdir(num, override_dirname: str, limit: int = 120) -> str:
@@ -687,21 +690,28 @@ def _check_bf16(t) -> None:
                           "auto (bf16-mixed where the device supports it, else 32-true)")
 
 
+def valid_threads(th) -> bool:
+    return str(th) == "auto" or (isinstance(th, int) and not isinstance(th, bool) and th >= 1)
+
+
 def validate_reliability(cfg: DictConfig) -> None:
     """``trainer.checkpoint_every_n_steps``, ``trainer.nonfinite`` and ``resume`` (the checkpoint must exist)."""
-    from mlmlab.guard import NONFINITE_MODES, resume_path
+    from mlmlab.checkpoint import resume_path
+    from mlmlab.guard import NONFINITE_MODES
 
     t = cfg.trainer
     n = t.get("checkpoint_every_n_steps")
     _check(n is None or n >= 1, f"trainer.checkpoint_every_n_steps={n} must be >= 1 or null (off)")
     _check_choice("trainer.nonfinite", t.get("nonfinite", "error"), NONFINITE_MODES)
+    th = t.get("threads", "auto")
+    _check(valid_threads(th), f"trainer.threads={th!r}; allowed: auto, or an integer >= 1")
     r = cfg.get("resume")
     if r is not None:
         _check(cfg.objective.name != "none", "resume= needs a pretraining objective (objective=none trains nothing)")
         p = resume_path(r)
         _check(p.is_file(), f"resume={r!r}: {p} does not exist; give a run dir holding checkpoints/last.ckpt or the "
                "explicit path of a .ckpt file")
-        from mlmlab.guard import check_resume
+        from mlmlab.checkpoint import check_resume
 
         check_resume(r, to_container(cfg))  # the config diff before any data work (the job reads the path again)
 

@@ -81,7 +81,7 @@ def _body(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, stat
     return metrics
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="finetune")
+@hydra.main(version_base="1.3", config_path="conf", config_name="finetune")
 @config_errors_in_one_line
 def main(cfg: DictConfig) -> float:
     return finetune(cfg)["downstream/score"]

@@ -11,7 +11,9 @@ import logging
 import os
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -32,8 +34,10 @@ def hydra_info() -> dict:
         return {}
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
+    n_jobs = hc.launcher.get("n_jobs") if multirun else None  # the joblib launcher: jobs at once (-1: one per core)
     return {"overrides": list(hc.overrides.task), "override_dirname": hc.job.override_dirname, "multirun": multirun,
-            "sweep_dir": hc.sweep.dir if multirun else None, "job_num": hc.job.num if multirun else None}
+            "sweep_dir": hc.sweep.dir if multirun else None, "job_num": hc.job.num if multirun else None,
+            "parallel_jobs": (os.cpu_count() if n_jobs == -1 else n_jobs) if isinstance(n_jobs, int) else None}
 
 
 def eval_suffix(rate: float) -> str:
@@ -63,6 +67,17 @@ def start_wandb(cfg: DictConfig, config: dict, info: dict, out_dir: Path, job_ty
                       tags=list(w.tags), config=config, dir=str(out_dir), reinit="create_new", **resume,
                       settings=wandb.Settings(console="off", x_disable_stats=True,
                                               x_transaction_log_flush_interval=float(w.get("flush_seconds", 2.0))))
+
+
+def wandb_barrier(run, flush_seconds: float) -> None:
+    """Return once what the job logged to W&B so far is in the run's ``.wandb`` file on disk: reading the summary is a
+    round trip to the W&B service (which handles records in order, so every earlier history row has been handled),
+    then one flush interval of the service's log writer passes."""
+    try:
+        list(run.summary.keys())
+    except Exception as e:  # never fail a checkpoint over W&B
+        log.debug("W&B summary round trip failed (%s: %s)", type(e).__name__, e)
+    time.sleep(flush_seconds + 0.1)
 
 
 def finish_wandb(run, exit_code: int) -> None:
@@ -148,10 +163,19 @@ def run_job(cfg: DictConfig, check, body) -> dict[str, float]:
     ``body(cfg, config, info, out_dir, record, state)``; ``results.json`` ok or failed; W&B finished whatever happens."""
     info = hydra_info()
     out_dir = Path(cfg.paths.output_dir).expanduser()
+    from mlmlab.config import valid_threads
+    from mlmlab.hardware import apply_threads, job_threads
     from mlmlab.lit import quiet_library_noise
     from mlmlab.results import RunRecord
 
     quiet_library_noise()
+    setting = cfg.trainer.get("threads", "auto")
+    if valid_threads(setting):  # before the record notes torch's threads (a bad value fails in check(cfg) below)
+        threads, warning = job_threads(setting, info.get("parallel_jobs"))
+        if warning:
+            log.warning("trainer.threads=%s: %s", setting, warning)
+        if threads is not None:
+            apply_threads(threads)
 
     record = RunRecord(out_dir, _safe_container(cfg), info.get("overrides"))
     state: dict = {}  # _run puts the W&B run here as soon as it exists
@@ -195,24 +219,34 @@ def _safe_container(cfg: DictConfig) -> dict:
         return OmegaConf.to_container(cfg, resolve=False)
 
 
+@dataclass
+class Data:
+    """Stage 1's output: the tokenizer, the packed training blocks, the validation blocks (at most
+    ``data.max_val_blocks``), the sampler context (unigram counts, domain vocabularies) and the corpus statistics."""
+    tok: Any
+    train_blocks: dict
+    val_blocks: dict
+    ctx: Any
+    stats: dict
+    packing: dict
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size()
+
+
+@dataclass
+class MaskingPlan:
+    """Stage 2's output, the one place a run's masking is decided: the replacement sampler and the rate schedule the
+    pretraining module masks with, and the fixed evaluation masks of the validation blocks (``eval.*``)."""
+    sampler: Any
+    schedule: Any
+    fixed: Any  # MaskedBatch of the validation blocks
+    val: dict  # what the data module serves for validation
+
+
 def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state: dict) -> dict[str, float]:
-    import pytorch_lightning as pl
-    from pytorch_lightning.loggers import WandbLogger
-
-    from mlmlab.checkpoint import RunInfo, run_info
-    from mlmlab.config import build_schedule
-    from mlmlab.data.corpus import block_stats, get_blocks
-    from mlmlab.data.datamodule import PretrainDataModule
-    from mlmlab.data.tasks import task_registry
-    from mlmlab.data.tokenizer import MASK, PAD
-    from mlmlab.data.vocab_stats import make_sampler_context
-    from mlmlab.downstream import check_label_budgets, run_downstream, save_predictions
-    from mlmlab.flops import steps_for_budget
-    from mlmlab.guard import Guard, atomic_save_checkpoint, check_resume, resume_wandb_id
-    from mlmlab.masking import mask_once
-    from mlmlab.masking.replacement import UniformSampler
-    from mlmlab.models.encoder import EncoderConfig
-
+    """The pretraining job, stage by stage."""
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     warnings.filterwarnings("ignore", ".*exists and is not empty.*")
     # resume: the data module's ResumableSampler position travels in the checkpoint (mlmlab.guard)
@@ -220,87 +254,170 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
     rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", 0)))
 
     with record.timer("data"):
-        for name in cfg.downstream.tasks:  # load (and check) every task first: a bad file or an unreachable hub fails
-            task_registry(cfg)[name].load(cfg)  # before the corpus is tokenized and pretraining starts
-        check_label_budgets(cfg)
-        packing: dict = {}
-        tok, blocks = get_blocks(cfg, packing)
-        vocab_size = tok.get_vocab_size()
-        train_blocks, val_blocks = blocks["train"], blocks["validation"]
-        n_train = len(train_blocks["input_ids"])
-        if n_train < cfg.data.batch_size:
-            raise ConfigError(f"data.batch_size={cfg.data.batch_size} is larger than the {n_train} training blocks; "
-                              f"allowed: 1..{n_train}")
-        val_blocks = {k: v[: cfg.data.max_val_blocks] for k, v in val_blocks.items()}
-        ctx = make_sampler_context(cfg, tok, blocks)
-        sampler, schedule = build_masking(cfg, ctx, train_blocks), build_schedule(cfg.mask)
-        e = cfg.eval  # fixed eval masks: token units, Bernoulli, uniform replacements -- whatever mask.* says
-        fixed = mask_once(val_blocks["input_ids"], val_blocks["special_tokens_mask"], e.rate, MASK,
-                          (e.replace.mask, e.replace.random, e.replace.keep), UniformSampler(ctx), e.seed)
-        val = {"input_ids": fixed.input_ids, "labels": fixed.labels, "attention_mask": val_blocks["input_ids"] != PAD,
-               "original_ids": val_blocks["input_ids"], "special_tokens_mask": val_blocks["special_tokens_mask"]}
-        dm = PretrainDataModule(train_blocks, val, cfg.data.batch_size, cfg.data.val_batch_size, cfg.seed,
-                                cfg.data.num_workers)
-    stats = block_stats(train_blocks)
-    cand_frac, token_frac = stats["cand_frac"], stats["token_frac"]
+        data = prepare_data(cfg)
+        masking = build_masking_plan(cfg, data)
+        dm = datamodule(cfg, data, masking)
+    max_steps, budget = plan_budget(cfg, data, masking, record, info)
+    run = state["run"] = start_logging(cfg, config, info, out_dir, record) if rank == 0 else None
+    encoder_cfg = encoder_config(cfg, data)
+    import pytorch_lightning as pl
+
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    max_steps, budget = calibrate_budget(cfg, encoder_cfg, data, masking, dm, record, max_steps, budget)
+    module, trainer, guard, curve, ckpt_path = build_pretraining(cfg, config, info, out_dir, record, data, masking,
+                                                                 dm, encoder_cfg, max_steps, budget, run)
+    metrics = pretrain(cfg, out_dir, record, trainer, module, dm, guard, curve, ckpt_path, budget)
+    metrics.update(evaluate(record, trainer, module, dm))
+    if not trainer.is_global_zero:
+        return metrics
+    metrics.update(downstream(cfg, config, info, out_dir, record, data, encoder_cfg, module))
+    log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})
+    return metrics
+
+
+def prepare_data(cfg: DictConfig) -> Data:
+    """Stage 1: every downstream task loaded (and checked) first -- a bad file or an unreachable hub fails before the
+    corpus is tokenized -- then the tokenizer and the packed blocks (cached), and the sampler context."""
+    from mlmlab.data.corpus import block_stats, get_blocks
+    from mlmlab.data.tasks import task_registry
+    from mlmlab.data.vocab_stats import make_sampler_context
+    from mlmlab.downstream import check_label_budgets
+
+    for name in cfg.downstream.tasks:
+        task_registry(cfg)[name].load(cfg)
+    check_label_budgets(cfg)
+    packing: dict = {}
+    tok, blocks = get_blocks(cfg, packing)
+    train_blocks = blocks["train"]
+    n_train = len(train_blocks["input_ids"])
+    if n_train < cfg.data.batch_size:
+        raise ConfigError(f"data.batch_size={cfg.data.batch_size} is larger than the {n_train} training blocks; "
+                          f"allowed: 1..{n_train}")
+    val_blocks = {k: v[: cfg.data.max_val_blocks] for k, v in blocks["validation"].items()}
+    ctx = make_sampler_context(cfg, tok, blocks)
+    return Data(tok, train_blocks, val_blocks, ctx, block_stats(train_blocks), packing)
+
+
+def build_masking_plan(cfg: DictConfig, data: Data) -> MaskingPlan:
+    """Stage 2: ``mask.*`` -> the replacement sampler (data-dependent checks: ConfigError naming the key) and the rate
+    schedule; ``eval.*`` -> the fixed evaluation masks (token units, Bernoulli, uniform replacements)."""
+    from mlmlab.config import build_schedule
+    from mlmlab.data.tokenizer import MASK, PAD
+    from mlmlab.masking import mask_once
+    from mlmlab.masking.replacement import UniformSampler
+
+    sampler, schedule = build_masking(cfg, data.ctx, data.train_blocks), build_schedule(cfg.mask)
+    e, vb = cfg.eval, data.val_blocks
+    fixed = mask_once(vb["input_ids"], vb["special_tokens_mask"], e.rate, MASK,
+                      (e.replace.mask, e.replace.random, e.replace.keep), UniformSampler(data.ctx), e.seed)
+    val = {"input_ids": fixed.input_ids, "labels": fixed.labels, "attention_mask": vb["input_ids"] != PAD,
+           "original_ids": vb["input_ids"], "special_tokens_mask": vb["special_tokens_mask"]}
+    return MaskingPlan(sampler, schedule, fixed, val)
+
+
+def datamodule(cfg: DictConfig, data: Data, masking: MaskingPlan):
+    from mlmlab.data.datamodule import PretrainDataModule
+
+    return PretrainDataModule(data.train_blocks, masking.val, cfg.data.batch_size, cfg.data.val_batch_size, cfg.seed,
+                              cfg.data.num_workers)
+
+
+def plan_budget(cfg: DictConfig, data: Data, masking: MaskingPlan, record, info: dict) -> tuple[int, dict]:
+    """Stage 3: the step count of ``trainer.max_steps`` or a token / FLOP budget, and what the record says about the
+    masking and the data."""
+    from mlmlab.flops import steps_for_budget
+
+    stats = data.stats
     try:
-        max_steps, budget = steps_for_budget(cfg, vocab_size, schedule, cand_frac, token_frac)
+        max_steps, budget = steps_for_budget(cfg, data.vocab_size, masking.schedule, stats["cand_frac"],
+                                             stats["token_frac"])
     except ValueError as err:
         raise ConfigError(str(err)) from err
     record.set(budget=budget)
-    objective = cfg.objective.name
-    if objective == "clm":
+    if cfg.objective.name == "clm":
         record.set(masking={"note": "objective=clm does not mask; mask.* is not used"})
         ignored = [o for o in info.get("overrides") or [] if o.lstrip("+~").startswith("mask")]
         if ignored:
             log.warning("objective=clm does not mask: %s change nothing in this job", ", ".join(ignored))
     else:
-        report = getattr(sampler, "report", None)
-        record.set(masking={"sampler": getattr(sampler, "name", type(sampler).__name__),
-                            "schedule": schedule.describe(), **({"sampler_report": report} if report else {})})
+        report = getattr(masking.sampler, "report", None)
+        record.set(masking={"sampler": getattr(masking.sampler, "name", type(masking.sampler).__name__),
+                            "schedule": masking.schedule.describe(), **({"sampler_report": report} if report else {})})
     log.info("masking: %s", record.data["masking"])
-    record.set(data={"vocab_size": vocab_size, "train_blocks": n_train, "val_blocks": len(val["input_ids"]),
-                     "train_tokens": stats["tokens"],
-                     "eval_masked_tokens": int((fixed.labels != -100).sum()),
+    record.set(data={"vocab_size": data.vocab_size, "train_blocks": len(data.train_blocks["input_ids"]),
+                     "val_blocks": len(masking.val["input_ids"]), "train_tokens": stats["tokens"],
+                     "eval_masked_tokens": int((masking.fixed.labels != -100).sum()),
                      # documents longer than a block: packed over consecutive blocks, never cut off (counted)
-                     **({"long_docs": {k: v["long_docs"] for k, v in packing.items()},
-                         "packing": packing} if packing else {})})
-    if objective != "clm":
-        record.data["data"].update(unigram_reference(ctx.token_counts(), fixed.labels))
+                     **({"long_docs": {k: v["long_docs"] for k, v in data.packing.items()},
+                         "packing": data.packing} if data.packing else {})})
+    if cfg.objective.name != "clm":
+        record.data["data"].update(unigram_reference(data.ctx.token_counts(), masking.fixed.labels))
     log.info("data: %s", record.data["data"])
+    return max_steps, budget
 
-    run = None
-    if rank == 0:
-        try:
-            run = start_wandb(cfg, config, info, out_dir, run_id=resume_wandb_id(cfg.get("resume")))
-        except Exception as e:  # W&B is never the only copy: log it, record it, go on without W&B
-            log.error("W&B failed to start (%s: %s); continuing without W&B (results.json is still written)",
-                      type(e).__name__, e)
-            record.set(wandb_error=f"{type(e).__name__}: {e}")
-    state["run"] = run
-    logger = WandbLogger(experiment=run) if run is not None else False
 
-    encoder_cfg = EncoderConfig.from_model_cfg(cfg.model, vocab_size, causal=objective == "clm").to_dict()
-    pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    if cfg.trainer.budget.seconds is not None and objective != "none":
-        if cfg.get("resume") is not None:  # a resumed budget run keeps the step count it was calibrated to
-            import torch
+def start_logging(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record):
+    """Stage 4: the W&B run (rank 0), continuing the W&B run of a ``resume=`` checkpoint. W&B is never the only copy:
+    when it fails to start, the job logs and records why and goes on without it."""
+    from mlmlab.checkpoint import resume_wandb_id
 
-            from mlmlab.guard import resume_path
+    try:
+        return start_wandb(cfg, config, info, out_dir, run_id=resume_wandb_id(cfg.get("resume")))
+    except Exception as e:
+        log.error("W&B failed to start (%s: %s); continuing without W&B (results.json is still written)",
+                  type(e).__name__, e)
+        record.set(wandb_error=f"{type(e).__name__}: {e}")
+        return None
 
-            ckpt = torch.load(resume_path(cfg.resume), map_location="cpu", weights_only=False, mmap=True)
-            cal = {"seconds": float(cfg.trainer.budget.seconds), "resumed": True,
-                   "steps": int(ckpt["hyper_parameters"]["max_steps"])}
-            log.info("trainer.budget.seconds=%g, resumed: the run's calibrated %d steps", cal["seconds"], cal["steps"])
-        else:
-            with record.timer("calibrate"):
-                cal = calibrate_seconds(cfg, encoder_cfg, sampler, schedule, dm)
-            log.info("trainer.budget.seconds=%g: %d steps (%.3f s/step, %.2f s per validation, probe %.1f s)",
-                     cal["seconds"], cal["steps"], cal["s_per_step"], cal["val_s"], cal["probe_s"])
-        max_steps, budget = steps_for_budget(cfg, vocab_size, schedule, cand_frac, token_frac, steps=cal["steps"])
-        budget["calibration"] = cal
-        record.set(budget=budget)
-    module = build_module(cfg, encoder_cfg, max(1, max_steps), sampler, schedule)
+
+def encoder_config(cfg: DictConfig, data: Data) -> dict:
+    from mlmlab.models.encoder import EncoderConfig
+
+    return EncoderConfig.from_model_cfg(cfg.model, data.vocab_size, causal=cfg.objective.name == "clm").to_dict()
+
+
+def calibrate_budget(cfg: DictConfig, encoder_cfg: dict, data: Data, masking: MaskingPlan, dm, record, max_steps: int,
+                     budget: dict) -> tuple[int, dict]:
+    """Stage 5, ``trainer.budget.seconds`` only: the step count that fills the seconds (a timing probe), recorded;
+    a resumed run keeps the step count it was calibrated to."""
+    if cfg.trainer.budget.seconds is None or cfg.objective.name == "none":
+        return max_steps, budget
+    from mlmlab.flops import steps_for_budget
+
+    if cfg.get("resume") is not None:
+        import torch
+
+        from mlmlab.checkpoint import resume_path
+
+        ckpt = torch.load(resume_path(cfg.resume), map_location="cpu", weights_only=False, mmap=True)
+        cal = {"seconds": float(cfg.trainer.budget.seconds), "resumed": True,
+               "steps": int(ckpt["hyper_parameters"]["max_steps"])}
+        log.info("trainer.budget.seconds=%g, resumed: the run's calibrated %d steps", cal["seconds"], cal["steps"])
+    else:
+        with record.timer("calibrate"):
+            cal = calibrate_seconds(cfg, encoder_cfg, masking.sampler, masking.schedule, dm)
+        log.info("trainer.budget.seconds=%g: %d steps (%.3f s/step, %.2f s per validation, probe %.1f s)",
+                 cal["seconds"], cal["steps"], cal["s_per_step"], cal["val_s"], cal["probe_s"])
+    max_steps, budget = steps_for_budget(cfg, data.vocab_size, masking.schedule, data.stats["cand_frac"],
+                                         data.stats["token_frac"], steps=cal["steps"])
+    budget["calibration"] = cal
+    record.set(budget=budget)
+    return max_steps, budget
+
+
+
+def build_pretraining(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, data: Data, masking: MaskingPlan,
+                      dm, encoder_cfg: dict, max_steps: int, budget: dict, run):
+    """Stage 6: the pretraining module, its guard (checkpoints, non-finite losses, resume state), the evaluation
+    curve, and the Trainer. Returns (module, trainer, guard, curve or None, the checkpoint to resume from or None)."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.loggers import WandbLogger
+
+    from mlmlab.checkpoint import RunInfo, check_resume, run_info
+    from mlmlab.guard import Guard
+
+    objective = cfg.objective.name
+    module = build_module(cfg, encoder_cfg, max(1, max_steps), masking.sampler, masking.schedule)
     record.set(model=model_record(module, encoder_cfg), precision=trainer_kwargs(cfg)["precision"])
     if cfg.trainer.compile and objective != "none":
         module.encoder().compile()  # in place: the state dict keeps its keys (checkpoints, export, fine-tuning)
@@ -312,8 +429,8 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
         ckpt_path = check_resume(cfg.resume, config)
         record.set(resumed_from=str(ckpt_path))
     if run is not None:  # what W&B logged before a checkpoint is on disk when the checkpoint is (a SIGKILL keeps it)
-        guard.after_save.append(lambda: time.sleep(float(cfg.logger.wandb.get("flush_seconds", 2.0)) + 0.1))
-    callbacks = [RunInfo(run_info(config, tok, encoder_cfg, module, wandb_group(cfg, info),
+        guard.after_save.append(lambda: wandb_barrier(run, float(cfg.logger.wandb.get("flush_seconds", 2.0))))
+    callbacks = [RunInfo(run_info(config, data.tok, encoder_cfg, module, wandb_group(cfg, info),
                                   run.id if run is not None else None)), guard]
     if t.enable_progress_bar:
         from mlmlab.lit.progress import StepProgressBar
@@ -324,15 +441,14 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
         from mlmlab.lit.curves import EvalCurve
 
         curve = EvalCurve(cfg.eval.zeroshot_every_n_steps,
-                          curve_evaluator(cfg, tok, encoder_cfg, trainer_kwargs(cfg)["precision"]))
+                          curve_evaluator(cfg, data.tok, encoder_cfg, trainer_kwargs(cfg)["precision"]))
         callbacks.append(curve)
     trainer = pl.Trainer(
         **trainer_kwargs(cfg), devices=t.devices, strategy=t.strategy, num_nodes=t.num_nodes, max_steps=max_steps,
         max_epochs=-1, val_check_interval=t.val_check_interval, check_val_every_n_epoch=None,
         log_every_n_steps=t.log_every_n_steps, gradient_clip_val=t.gradient_clip_val,
-        accumulate_grad_batches=t.accumulate_grad_batches, logger=logger, enable_checkpointing=False,
-        num_sanity_val_steps=0, default_root_dir=str(out_dir),
-        callbacks=callbacks,
+        accumulate_grad_batches=t.accumulate_grad_batches, logger=WandbLogger(experiment=run) if run else False,
+        enable_checkpointing=False, num_sanity_val_steps=0, default_root_dir=str(out_dir), callbacks=callbacks,
     )
     if objective != "none" and trainer.world_size != budget["world_size"]:
         b = cfg.trainer.budget
@@ -343,50 +459,69 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
         budget.update(tokens=budget["tokens"] * scale, flops=budget["flops"] * scale,
                       flops_per_step=budget["flops_per_step"] * scale, world_size=trainer.world_size)
         record.set(budget=budget)
+    return module, trainer, guard, curve, ckpt_path
+
+
+def pretrain(cfg: DictConfig, out_dir: Path, record, trainer, module, dm, guard, curve, ckpt_path,
+             budget: dict) -> dict[str, float]:
+    """Stage 7: ``trainer.fit`` (nothing for objective=none), then the run's training metrics -- realized corruption
+    as run means (the last batch's value as ``<key>_last``) -- and the final checkpoint."""
+    from mlmlab.checkpoint import atomic_save_checkpoint
+
     metrics: dict[str, float] = {}
-    if objective != "none":
-        with record.timer("pretrain"):
-            try:
-                trainer.fit(module, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None)
-            except BaseException as e:
-                if guard.last_ckpt.exists():  # the last good checkpoint (nothing is saved after a bad step)
-                    record.set(checkpoint=str(guard.last_ckpt))
-                if type(e).__name__ == "SIGTERMException":  # Lightning's own SIGTERM exit (exit code 0): say so
-                    raise guard.preempted(trainer.global_step) from e
-                raise
-        if curve is not None:
-            record.set(curves=curve.rows)
-        metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")})
-        # realized corruption: the run's mean over every training batch; the last batch's value as <key>_last
-        for k, v in (module.telemetry_means() if hasattr(module, "telemetry_means") else {}).items():
-            if k in metrics:
-                metrics[f"{k}_last"] = metrics[k]
-            metrics[k] = v
-        metrics["train/steps"] = trainer.global_step
-        metrics["train/skipped_nonfinite"] = float(guard.skipped)
-        metrics["budget/tokens"], metrics["budget/flops"] = float(budget["tokens"]), float(budget["flops"])
-        if cfg.callbacks.checkpoint:
-            atomic_save_checkpoint(trainer, out_dir / "checkpoints" / "last.ckpt")
-            record.set(checkpoint=str(out_dir / "checkpoints" / "last.ckpt"))
+    if cfg.objective.name == "none":
+        return metrics
+    with record.timer("pretrain"):
+        try:
+            trainer.fit(module, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None)
+        except BaseException as e:
+            if guard.last_ckpt.exists():  # the last good checkpoint (nothing is saved after a bad step)
+                record.set(checkpoint=str(guard.last_ckpt))
+            if type(e).__name__ == "SIGTERMException":  # Lightning's own SIGTERM exit (exit code 0): say so
+                raise guard.preempted(trainer.global_step) from e
+            raise
+    if curve is not None:
+        record.set(curves=curve.rows)
+    metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")})
+    for k, v in (module.telemetry_means() if hasattr(module, "telemetry_means") else {}).items():
+        if k in metrics:
+            metrics[f"{k}_last"] = metrics[k]
+        metrics[k] = v
+    metrics["train/steps"] = trainer.global_step
+    metrics["train/skipped_nonfinite"] = float(guard.skipped)
+    metrics["budget/tokens"], metrics["budget/flops"] = float(budget["tokens"]), float(budget["flops"])
+    if cfg.callbacks.checkpoint:
+        atomic_save_checkpoint(trainer, out_dir / "checkpoints" / "last.ckpt")
+        record.set(checkpoint=str(out_dir / "checkpoints" / "last.ckpt"))
+    return metrics
+
+
+def evaluate(record, trainer, module, dm) -> dict[str, float]:
+    """Stage 8: the fixed-mask validation losses (``val/mlm_loss_r<rate>``)."""
     with record.timer("eval"):
         (val_metrics,) = trainer.validate(module, datamodule=dm, verbose=False)
-    metrics.update({k: float(v) for k, v in val_metrics.items()})
-    if not trainer.is_global_zero:
-        return metrics
+    return {k: float(v) for k, v in val_metrics.items()}
 
+
+def downstream(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, data: Data, encoder_cfg: dict,
+               module) -> dict[str, float]:
+    """Stage 9 (rank 0): every downstream task x seed on the pretrained encoder, the random-init row on the same
+    protocol with the paired gains, and the per-item predictions."""
+    from mlmlab.downstream import run_downstream, save_predictions
+
+    metrics: dict[str, float] = {}
     encoder_state = {k: v.detach().cpu().clone() for k, v in module.encoder().state_dict().items()}
     with record.timer("finetune"):
-        ft, report = run_downstream(cfg, tok, encoder_cfg, encoder_state,
+        ft, report = run_downstream(cfg, data.tok, encoder_cfg, encoder_state,
                                     {**trainer_kwargs(cfg), "devices": 1},
                                     finetune_runs(cfg, config, info, out_dir, wandb_group(cfg, info),
                                                   info.get("override_dirname") or "default"),
-                                    lm=module.model, unigram_counts=ctx.token_counts())
+                                    lm=module.model, unigram_counts=data.ctx.token_counts())
     metrics.update(ft)
     record.set(downstream=report)
     if cfg.downstream.random_init_baseline and cfg.downstream.tasks:
-        metrics.update(random_init_baseline(cfg, tok, encoder_cfg, ft, record, cfg.seed))
+        metrics.update(random_init_baseline(cfg, data.tok, encoder_cfg, ft, record, cfg.seed))
     save_predictions(out_dir, record)
-    log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})
     return metrics
 
 
@@ -604,7 +739,7 @@ def config_errors_in_one_line(fn):
     return wrapper
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
 @config_errors_in_one_line
 def main(cfg: DictConfig) -> float:
     return train(cfg).get("downstream/score", float("nan"))  # DDP ranks > 0 do no downstream work

@@ -20,15 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest import FAST, make_cfg  # noqa: E402
 
-from mlmlab.config import build_schedule  # noqa: E402
-from mlmlab.data.corpus import get_blocks  # noqa: E402
-from mlmlab.data.datamodule import PretrainDataModule, with_attention_mask  # noqa: E402
-from mlmlab.data.tokenizer import MASK, PAD  # noqa: E402
-from mlmlab.data.vocab_stats import make_sampler_context  # noqa: E402
-from mlmlab.masking import mask_once  # noqa: E402
-from mlmlab.masking.replacement import UniformSampler  # noqa: E402
-from mlmlab.models.encoder import EncoderConfig  # noqa: E402
-from mlmlab.train import build_masking, build_module  # noqa: E402
+from mlmlab.data.datamodule import with_attention_mask  # noqa: E402
+from mlmlab.train import build_masking_plan, build_module, datamodule, encoder_config, prepare_data  # noqa: E402
 
 STEPS = 3
 
@@ -44,19 +37,12 @@ class MaskProbe(pl.Callback):
 
 def main(out: Path, cache: Path) -> None:
     cfg = make_cfg([*FAST, "data.val_batch_size=16"], out / "run", cache)
-    tok, blocks = get_blocks(cfg)
-    ctx = make_sampler_context(cfg, tok, blocks)
-    v = {k: x[: cfg.data.max_val_blocks] for k, x in blocks["validation"].items()}
-    e = cfg.eval
-    fixed = mask_once(v["input_ids"], v["special_tokens_mask"], e.rate, MASK,
-                      (e.replace.mask, e.replace.random, e.replace.keep), UniformSampler(ctx), e.seed)
-    val = {"input_ids": fixed.input_ids, "labels": fixed.labels, "attention_mask": v["input_ids"] != PAD,
-           "original_ids": v["input_ids"], "special_tokens_mask": v["special_tokens_mask"]}
-    dm = PretrainDataModule(blocks["train"], val, cfg.data.batch_size, cfg.data.val_batch_size, cfg.seed)
-    enc = EncoderConfig.from_model_cfg(cfg.model, tok.get_vocab_size()).to_dict()
+    data = prepare_data(cfg)  # the job's own stages (mlmlab.train), then a 2-process DDP Trainer of its own
+    masking = build_masking_plan(cfg, data)
+    dm, val = datamodule(cfg, data, masking), masking.val
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    module = build_module(cfg, enc, STEPS, build_masking(cfg, ctx, blocks["train"]), build_schedule(cfg.mask))
-    probe = with_attention_mask({k: x[:8] for k, x in blocks["train"].items()})
+    module = build_module(cfg, encoder_config(cfg, data), STEPS, masking.sampler, masking.schedule)
+    probe = with_attention_mask({k: x[:8] for k, x in data.train_blocks.items()})
     cb = MaskProbe(probe)
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=STEPS, max_epochs=-1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

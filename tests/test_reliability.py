@@ -139,7 +139,7 @@ def test_sigkill_during_results_write_never_leaves_a_truncated_record(tmp_path):
 
 
 def test_checkpoint_write_is_atomic(tmp_path):
-    from mlmlab.guard import atomic_save_checkpoint
+    from mlmlab.checkpoint import atomic_save_checkpoint
 
     class Dying:
         is_global_zero = True
@@ -376,7 +376,7 @@ def test_resumable_sampler_keeps_the_old_order_and_resumes_anywhere():
     started from any saved (epoch, start) it yields exactly the rest of that stream."""
     from torch.utils.data import DataLoader
 
-    from mlmlab.guard import ResumableSampler
+    from mlmlab.data.datamodule import ResumableSampler
 
     ds = list(range(50))
     old = DataLoader(ds, batch_size=8, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(3))

@@ -132,6 +132,9 @@ def test_joblib_multirun_and_skip_completed(tiny_sweep, cache_dir):
     multirun = yaml.safe_load((tiny_sweep / "multirun.yaml").read_text())
     assert multirun["hydra"]["launcher"]["_target_"].endswith("JoblibLauncher")
     jobs = sorted(p for p in tiny_sweep.iterdir() if p.is_dir())
+    # hydra/launcher=cores: 2 jobs at once, each with half the cores (trainer.threads=auto), none sharing a core
+    assert {json.loads((j / "results.json").read_text())["machine"]["torch_threads"] for j in jobs} == \
+        {max(1, os.cpu_count() // 2)}
     before = {j.name: json.loads((j / "results.json").read_text())["finished_at"] for j in jobs}
 
     # rerun in a copy: one job lost its record, one has a truncated record, one failed -> those three run again

@@ -62,6 +62,8 @@ BAD = [
     (["tokenizer.vocab_size=3"], "must be larger than the 5 special tokens"),
     (["eval.rate=1.0"], "eval.rate=1.0 must be in the open interval"),
     (["logger.wandb.mode=bogus"], "allowed: offline, online, disabled"),
+    (["trainer.threads=0"], "trainer.threads=0; allowed: auto, or an integer >= 1"),
+    (["trainer.threads=many"], "trainer.threads='many'; allowed: auto, or an integer >= 1"),
     (["logger.wandb.flush_seconds=0"], "logger.wandb.flush_seconds=0.0 must be in (0, 60]"),
     # Hydra rejects mask.rat=0.2, but '+' adds the key: every key under a typed group must be known
     (["+mask.rat=0.2"], "unknown config key mask.rat (a typo, or a '+' override"),
@@ -125,3 +127,20 @@ def test_a_resume_with_another_config_fails_before_data_work(cfg_factory, tmp_pa
     with pytest.raises(ConfigError, match="the checkpoint was made with a different config"):
         train(cfg_factory("downstream=none", "logger=none", "trainer.max_steps=4", "mask.rate=0.3",
                           f"resume={first}", output_dir=tmp_path / "second"))
+
+
+@pytest.mark.parametrize(("setting", "jobs", "cores", "threads", "warns"), [
+    ("auto", None, 2, None, False),  # a job alone keeps torch's default
+    ("auto", 2, 2, 1, False),  # hydra/launcher=cores on this machine: 2 jobs x 1 thread
+    ("auto", 2, 16, 8, False),
+    ("auto", 4, 2, 1, True),  # more jobs than cores: still 1 thread each, and a warning naming both numbers
+    (3, 2, 2, 3, True),
+    (1, None, 2, 1, False),
+])
+def test_job_threads_split_the_cores(setting, jobs, cores, threads, warns):
+    from mlmlab.hardware import job_threads
+
+    got, warning = job_threads(setting, jobs, cores)
+    assert got == threads and bool(warning) == warns
+    if warns:
+        assert f"on {cores} cores" in warning and f"{jobs} parallel jobs x {threads} threads" in warning
