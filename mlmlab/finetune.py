@@ -14,7 +14,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mlmlab.config import ConfigError, FinetuneJobConfig, check_known_keys, validate_downstream
-from mlmlab.train import config_errors_in_one_line, finetune_runs, run_job, start_wandb, trainer_kwargs
+from mlmlab.train import Job, config_errors_in_one_line, finetune_runs, start_wandb, trainer_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -39,16 +39,16 @@ def prepare(cfg: DictConfig, loaded: dict) -> None:
 def finetune(cfg: DictConfig) -> dict[str, float]:
     """Run one fine-tuning job; returns its metrics (``downstream/...``)."""
     loaded: dict = {}
-    return run_job(cfg, lambda c: prepare(c, loaded),
-                   lambda *args: _body(*args, loaded=loaded))
+    with Job(cfg, lambda c: prepare(c, loaded)) as job:
+        return job.done(_body(cfg, job, loaded))
 
 
-def _body(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state: dict, *,
-          loaded: dict) -> dict[str, float]:
+def _body(cfg: DictConfig, job: Job, loaded: dict) -> dict[str, float]:
     from mlmlab.checkpoint import encoder_state, language_model
     from mlmlab.data.tasks import task_registry
     from mlmlab.downstream import check_label_budgets, run_downstream, save_predictions
 
+    config, info, out_dir, record = job.config, job.info, job.out_dir, job.record
     ckpt_info, tok = loaded["info"], loaded["tokenizer"]
     tasks = task_registry(cfg)
     zero_shot = any(tasks[n].kind == "minimal_pairs" for n in cfg.downstream.tasks)
@@ -62,7 +62,7 @@ def _body(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, stat
             tasks[name].load(cfg)
         check_label_budgets(cfg)
     # named after the pretraining run dir, so the fine-tunes of a sweep's checkpoints stay apart in its group
-    state["run"] = start_wandb(cfg, config, info, out_dir, job_type="finetune", group=ckpt_info.get("wandb_group"),
+    job.run = start_wandb(cfg, config, info, out_dir, job_type="finetune", group=ckpt_info.get("wandb_group"),
                                name_prefix=f"ft:{ckpt_path.parent.parent.name}:")
     with record.timer("finetune"):
         metrics, report = run_downstream(cfg, tok, encoder_cfg, enc_state,

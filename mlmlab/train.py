@@ -128,7 +128,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         done = completed_metrics(cfg)
         if done is not None:
             return done
-    return run_job(cfg, validate, _run)
+    with Job(cfg, validate) as job:
+        return job.done(_run(cfg, job))
 
 
 def completed_metrics(cfg: DictConfig) -> dict[str, float] | None:
@@ -158,58 +159,88 @@ def completed_metrics(cfg: DictConfig) -> dict[str, float] | None:
     return r["metrics"]
 
 
-def run_job(cfg: DictConfig, check, body) -> dict[str, float]:
-    """The frame of every job (pretraining, fine-tuning a checkpoint): ``check(cfg)`` before any work, then
-    ``body(cfg, config, info, out_dir, record, state)``; ``results.json`` ok or failed; W&B finished whatever happens."""
-    info = hydra_info()
-    out_dir = Path(cfg.paths.output_dir).expanduser()
+class Job:
+    """The frame of every job (pretraining, fine-tuning a checkpoint), as a context manager::
+
+        with Job(cfg, validate) as job:      # check(cfg) before any work; a bad config: failed record, ConfigError
+            metrics = ...                     # job.config, job.info, job.out_dir, job.record; job.run = the W&B run
+            return job.done(metrics)          # results.json ok, written before W&B is finished
+
+    Leaving the block with an exception writes a failed ``results.json`` (the error and whatever was recorded) and
+    re-raises; W&B is finished whatever happens, and a W&B failure never fails a finished job."""
+
+    def __init__(self, cfg: DictConfig, check):
+        from mlmlab.results import RunRecord
+
+        self.cfg, self.check = cfg, check
+        self.info = hydra_info()
+        self.out_dir = Path(cfg.paths.output_dir).expanduser()
+        set_job_threads(cfg, self.info)  # before the record notes torch's threads
+        self.record = RunRecord(self.out_dir, _safe_container(cfg), self.info.get("overrides"))
+        self.config: dict = {}
+        self.run = None  # the W&B run, once the job has started it
+        self.ok = False
+
+    def __enter__(self) -> Job:
+        try:
+            self.check(self.cfg)  # fail fast: nothing below runs on a bad config
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self.config = to_container(self.cfg)
+            self.record.set(config=self.config)
+        except BaseException as e:
+            self._failed(e)
+            raise
+        return self
+
+    def done(self, metrics: dict[str, float]) -> dict[str, float]:
+        self.record.set(status="ok", metrics=metrics)
+        self.record.write()  # before W&B is finished: the local record never depends on W&B
+        self.ok = True
+        return metrics
+
+    def _failed(self, e: BaseException) -> None:
+        self.record.fail(e)
+        path = self.record.write()
+        log.error("job failed (%s: %s); record written to %s", type(e).__name__, e, path)
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            if exc is not None:
+                self._failed(exc)
+        finally:
+            self._finish_wandb()
+        return False
+
+    def _finish_wandb(self) -> None:
+        if self.run is None:
+            return
+        try:
+            if self.ok:
+                self.run.summary.update({k: v for k, v in self.record.data["metrics"].items()})
+                self.run.summary.update({f"timings/{k}": v for k, v in self.record.data["timings_s"].items()})
+        except Exception as e:  # results.json is already written: a W&B failure must not fail a finished job
+            log.error("W&B summary failed (%s: %s); results.json has the record", type(e).__name__, e)
+        finally:
+            try:
+                finish_wandb(self.run, 0 if self.ok else 1)
+            except Exception as e:
+                log.error("W&B finish failed (%s: %s); results.json has the record", type(e).__name__, e)
+
+
+def set_job_threads(cfg: DictConfig, info: dict) -> None:
+    """``trainer.threads`` (mlmlab.hardware.job_threads), and the library noise that says nothing about the job off."""
     from mlmlab.config import valid_threads
     from mlmlab.hardware import apply_threads, job_threads
     from mlmlab.lit import quiet_library_noise
-    from mlmlab.results import RunRecord
 
     quiet_library_noise()
-    setting = cfg.trainer.get("threads", "auto")
-    if valid_threads(setting):  # before the record notes torch's threads (a bad value fails in check(cfg) below)
+    setting = cfg.trainer.get("threads", "auto") if "trainer" in cfg else "auto"
+    if valid_threads(setting):  # a bad value fails in the job's check(cfg)
         threads, warning = job_threads(setting, info.get("parallel_jobs"))
         if warning:
             log.warning("trainer.threads=%s: %s", setting, warning)
         if threads is not None:
             apply_threads(threads)
-
-    record = RunRecord(out_dir, _safe_container(cfg), info.get("overrides"))
-    state: dict = {}  # _run puts the W&B run here as soon as it exists
-    ok = False
-    try:
-        check(cfg)  # fail fast: nothing below runs on a bad config
-        out_dir.mkdir(parents=True, exist_ok=True)
-        config = to_container(cfg)
-        record.set(config=config)
-        metrics = body(cfg, config, info, out_dir, record, state)
-        record.set(status="ok", metrics=metrics)
-        record.write()  # before W&B is finished: the local record never depends on W&B
-        ok = True
-        return metrics
-    except BaseException as e:
-        record.fail(e)
-        path = record.write()
-        log.error("job failed (%s: %s); record written to %s", type(e).__name__, e, path)
-        raise
-    finally:
-        run = state.get("run")
-        if run is not None:
-            try:
-                if ok:
-                    run.summary.update({k: v for k, v in record.data["metrics"].items()})
-                    run.summary.update({f"timings/{k}": v for k, v in record.data["timings_s"].items()})
-            except Exception as e:  # results.json is already written: a W&B failure must not fail a finished job
-                log.error("W&B summary failed (%s: %s); results.json has the record", type(e).__name__, e)
-            finally:
-                try:
-                    finish_wandb(run, 0 if ok else 1)
-                except Exception as e:
-                    log.error("W&B finish failed (%s: %s); results.json has the record", type(e).__name__, e)
-
 
 
 def _safe_container(cfg: DictConfig) -> dict:
@@ -245,8 +276,9 @@ class MaskingPlan:
     val: dict  # what the data module serves for validation
 
 
-def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state: dict) -> dict[str, float]:
+def _run(cfg: DictConfig, job: Job) -> dict[str, float]:
     """The pretraining job, stage by stage."""
+    config, info, out_dir, record = job.config, job.info, job.out_dir, job.record
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     warnings.filterwarnings("ignore", ".*exists and is not empty.*")
     # resume: the data module's ResumableSampler position travels in the checkpoint (mlmlab.guard)
@@ -258,7 +290,7 @@ def _run(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, state
         masking = build_masking_plan(cfg, data)
         dm = datamodule(cfg, data, masking)
     max_steps, budget = plan_budget(cfg, data, masking, record, info)
-    run = state["run"] = start_logging(cfg, config, info, out_dir, record) if rank == 0 else None
+    run = job.run = start_logging(cfg, config, info, out_dir, record) if rank == 0 else None
     encoder_cfg = encoder_config(cfg, data)
     import pytorch_lightning as pl
 
