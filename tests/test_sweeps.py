@@ -70,9 +70,10 @@ def test_sweep_file_expands_to_the_jobs_it_says(name):
     # every job composes, and the keys it sweeps take the values the file lists
     seen = {k: set() for k in params}
     for job in jobs:
-        real = name == "replacement_dist"  # reads ../shared/data: validated where it is present
+        # these read ../shared/data: validated where it is present
+        real = {"replacement_dist": "finance_corpus", "real_en_rates": "imdb"}.get(name)
         c = compose_sweep(name, *job, *([f"paths.data_dir={SHARED}"] if real else []), hydra_cfg=False)
-        if not real or (SHARED / "finance_corpus").exists():
+        if not real or (SHARED / real).exists():
             validate(c)
         for k in params:
             key = k.replace("/", ".")
