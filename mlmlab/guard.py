@@ -66,7 +66,8 @@ class Guard(pl.Callback):
         self._prev_step = 0
         self._saved_step = -1
         self._rng_to_load: dict | None = None
-        self.after_save: list = []  # callables run after each checkpoint is on disk
+        self.after_save: list = []  # callables run once a checkpoint and its step's logged row are out (next batch)
+        self._after_save_due = False
 
     @property
     def last_ckpt(self) -> Path:
@@ -101,6 +102,12 @@ class Guard(pl.Callback):
             keep = [ln for ln in self.log_path.read_text().splitlines()
                     if ln.strip() and json.loads(ln)["step"] <= trainer.global_step]
             self.log_path.write_text("".join(ln + "\n" for ln in keep))
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._after_save_due:  # e.g. wait for the W&B log to reach the disk (mlmlab.train.wandb_barrier)
+            self._after_save_due = False
+            for hook in self.after_save:
+                hook()
 
     def on_before_backward(self, trainer, pl_module, loss) -> None:
         if self.nonfinite != "off":
@@ -161,8 +168,8 @@ class Guard(pl.Callback):
         self.last_good = atomic_save_checkpoint(trainer, self.last_ckpt)
         self._saved_step = trainer.global_step
         log.info("checkpoint: step %d -> %s%s", trainer.global_step, self.last_good, f" ({why})" if why else "")
-        for hook in self.after_save:  # e.g. wait for the logger's log to reach the disk
-            hook()
+        self._after_save_due = bool(self.after_save)  # run at the next batch's start: Lightning sends the saved
+        # step's own logged row to the loggers after the callbacks' on_train_batch_end, i.e. after this save
 
     def preempted(self, step: int) -> Preempted:
         return Preempted(f"SIGTERM at step {step}: checkpoint saved to {self.last_ckpt}; continue with "

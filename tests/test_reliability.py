@@ -406,7 +406,7 @@ def test_sigkill_then_resume_continues_the_same_wandb_run(cache_dir, tmp_path):
     info = read_wandb_offline(killed)
     assert info["config"]["mask"]["rate"] == 0.15 and info["run"]["id"]
     steps = {h["trainer/global_step"] for h in info["history"] if "train/mlm_loss" in h}
-    # W&B's x-axis is Lightning's global_step at logging time: 0-7 are steps 1-8, all before the step-8 checkpoint
+    # W&B's x-axis is Lightning's global_step at logging time: 0-7 are steps 1-8, all out before step 9 started
     assert set(range(8)) <= steps, sorted(steps)
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["mlmlab"]["wandb_id"] == info["run"]["id"]
