@@ -23,6 +23,7 @@ def _yaml_files(top: str) -> set[str]:
 def fresh_venv(tmp_path_factory) -> tuple[Path, Path]:
     """(the wheel, a python of a fresh venv holding only that wheel, with the dependencies read from this venv's
     site-packages -- where mlmlab itself is an editable install, which a path entry does not activate)."""
+    pytest.importorskip("setuptools", reason="the wheel is built offline with this venv's setuptools")
     tmp = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(tmp / "dist"), str(ROOT)], check=True, capture_output=True, cwd=tmp)
