@@ -501,16 +501,12 @@ def _merged_history(logs: list[tuple[Path, dict]], keys: Sequence[str]) -> list[
     its killed run's id in a new log (offline W&B cannot append to the old one), starting at the checkpoint's step, so
     each log keeps its rows before the next log's first step (the steps the resumed job re-did replace the killed
     job's)."""
-    per_log = []
-    for _, info in logs:
-        rows = [{"step": h.get("trainer/global_step", h.get("_step")), **{k: h[k] for k in keys if k in h}}
-                for h in info["history"] if any(k in h for k in keys)]
-        per_log.append([r for r in rows if r["step"] is not None] + [r for r in rows if r["step"] is None])
+    per_log = [[{"step": h.get("trainer/global_step", h.get("_step")), **{k: h[k] for k in keys if k in h}}
+                for h in info["history"] if any(k in h for k in keys)] for _, info in logs]
     out = []
-    for i, rows in enumerate(per_log):
-        later = [r["step"] for rs in per_log[i + 1:] for r in rs if r["step"] is not None]
-        cut = min(later) if later else None
-        out.extend(r for r in rows if cut is None or r["step"] is None or r["step"] < cut)
+    for rows, after in zip(per_log, per_log[1:] + [[]]):
+        cut = after[0]["step"] if after else None
+        out.extend(r for r in rows if cut is None or r["step"] < cut)
     return out
 
 

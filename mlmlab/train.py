@@ -175,6 +175,9 @@ class Job:
         self.cfg, self.check = cfg, check
         self.info = hydra_info()
         self.out_dir = Path(cfg.paths.output_dir).expanduser()
+        from mlmlab.lit import quiet_library_noise
+
+        quiet_library_noise()
         set_job_threads(cfg, self.info)  # before the record notes torch's threads
         self.record = RunRecord(self.out_dir, _safe_container(cfg), self.info.get("overrides"))
         self.config: dict = {}
@@ -228,12 +231,10 @@ class Job:
 
 
 def set_job_threads(cfg: DictConfig, info: dict) -> None:
-    """``trainer.threads`` (mlmlab.hardware.job_threads), and the library noise that says nothing about the job off."""
+    """``trainer.threads`` (mlmlab.hardware.job_threads)."""
     from mlmlab.config import valid_threads
     from mlmlab.hardware import apply_threads, job_threads
-    from mlmlab.lit import quiet_library_noise
 
-    quiet_library_noise()
     setting = cfg.trainer.get("threads", "auto") if "trainer" in cfg else "auto"
     if valid_threads(setting):  # a bad value fails in the job's check(cfg)
         threads, warning = job_threads(setting, info.get("parallel_jobs"))
