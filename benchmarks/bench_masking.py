@@ -124,7 +124,7 @@ def build(cfg, vocab: int):
     from mlmlab.train import build_module
 
     encoder_cfg = EncoderConfig.from_model_cfg(cfg.model, vocab).to_dict()
-    module = build_module(cfg, encoder_cfg, cfg.trainer.max_steps, sampler=None, schedule=None)
+    module = build_module(cfg, encoder_cfg, cfg.trainer.max_steps)
     module.train()
     opt = module.configure_optimizers()
     return module, opt["optimizer"], opt["lr_scheduler"]["scheduler"]

@@ -269,12 +269,20 @@ class Data:
 
 @dataclass
 class MaskingPlan:
-    """Stage 2's output, the one place a run's masking is decided: the replacement sampler and the rate schedule the
-    pretraining module masks with, and the fixed evaluation masks of the validation blocks (``eval.*``)."""
-    sampler: Any
-    schedule: Any
+    """Stage 2's output, the one place a run's masking is decided: the recipe the pretraining module masks with
+    (masker, rate schedule, random source, special ids: ``mask.*``) and the fixed evaluation masks of the validation
+    blocks (``eval.*``)."""
+    recipe: Any  # mlmlab.masking.MaskingRecipe
     fixed: Any  # MaskedBatch of the validation blocks
     val: dict  # what the data module serves for validation
+
+    @property
+    def sampler(self):
+        return self.recipe.masker.sampler
+
+    @property
+    def schedule(self):
+        return self.recipe.schedule
 
 
 def _run(cfg: DictConfig, job: Job) -> dict[str, float]:
@@ -334,18 +342,17 @@ def prepare_data(cfg: DictConfig) -> Data:
 def build_masking_plan(cfg: DictConfig, data: Data) -> MaskingPlan:
     """Stage 2: ``mask.*`` -> the replacement sampler (data-dependent checks: ConfigError naming the key) and the rate
     schedule; ``eval.*`` -> the fixed evaluation masks (token units, Bernoulli, uniform replacements)."""
-    from mlmlab.config import build_schedule
     from mlmlab.data.tokenizer import MASK, PAD
     from mlmlab.masking import mask_once
     from mlmlab.masking.replacement import UniformSampler
 
-    sampler, schedule = build_masking(cfg, data.ctx, data.train_blocks), build_schedule(cfg.mask)
+    recipe = build_recipe(cfg, data.ctx, data.train_blocks)
     e, vb = cfg.eval, data.val_blocks
     fixed = mask_once(vb["input_ids"], vb["special_tokens_mask"], e.rate, MASK,
                       (e.replace.mask, e.replace.random, e.replace.keep), UniformSampler(data.ctx), e.seed)
     val = {"input_ids": fixed.input_ids, "labels": fixed.labels, "attention_mask": vb["input_ids"] != PAD,
            "original_ids": vb["input_ids"], "special_tokens_mask": vb["special_tokens_mask"]}
-    return MaskingPlan(sampler, schedule, fixed, val)
+    return MaskingPlan(recipe, fixed, val)
 
 
 def datamodule(cfg: DictConfig, data: Data, masking: MaskingPlan):
@@ -428,7 +435,7 @@ def calibrate_budget(cfg: DictConfig, encoder_cfg: dict, data: Data, masking: Ma
         log.info("trainer.budget.seconds=%g, resumed: the run's calibrated %d steps", cal["seconds"], cal["steps"])
     else:
         with record.timer("calibrate"):
-            cal = calibrate_seconds(cfg, encoder_cfg, masking.sampler, masking.schedule, dm)
+            cal = calibrate_seconds(cfg, encoder_cfg, masking.recipe, dm)
         log.info("trainer.budget.seconds=%g: %d steps (%.3f s/step, %.2f s per validation, probe %.1f s)",
                  cal["seconds"], cal["steps"], cal["s_per_step"], cal["val_s"], cal["probe_s"])
     max_steps, budget = steps_for_budget(cfg, data.vocab_size, masking.schedule, data.stats["cand_frac"],
@@ -450,7 +457,7 @@ def build_pretraining(cfg: DictConfig, config: dict, info: dict, out_dir: Path, 
     from mlmlab.guard import Guard
 
     objective = cfg.objective.name
-    module = build_module(cfg, encoder_cfg, max(1, max_steps), masking.sampler, masking.schedule)
+    module = build_module(cfg, encoder_cfg, max(1, max_steps), masking.recipe)
     record.set(model=model_record(module, encoder_cfg), precision=trainer_kwargs(cfg)["precision"])
     if cfg.trainer.compile and objective != "none":
         module.encoder().compile()  # in place: the state dict keeps its keys (checkpoints, export, fine-tuning)
@@ -587,14 +594,14 @@ def curve_evaluator(cfg: DictConfig, tok, encoder_cfg: dict, precision: str):
     return evaluate
 
 
-def calibrate_seconds(cfg: DictConfig, encoder_cfg: dict, sampler, schedule, dm) -> dict:
+def calibrate_seconds(cfg: DictConfig, encoder_cfg: dict, recipe, dm) -> dict:
     """``trainer.budget.seconds`` -> the step count that fills it (mlmlab.lit.calibrate), timed on this machine."""
     from mlmlab.lit.calibrate import calibrate_steps
 
     t = cfg.trainer
     kw = {**trainer_kwargs(cfg), "devices": 1, "gradient_clip_val": t.gradient_clip_val,
           "accumulate_grad_batches": t.accumulate_grad_batches}
-    return calibrate_steps(lambda: build_module(cfg, encoder_cfg, 1000, sampler, schedule), dm.train_set, dm.val_set,
+    return calibrate_steps(lambda: build_module(cfg, encoder_cfg, 1000, recipe), dm.train_set, dm.val_set,
                            cfg.data.batch_size, cfg.data.val_batch_size, kw, float(t.budget.seconds),
                            t.val_check_interval)
 
@@ -695,21 +702,49 @@ def unigram_reference(counts, labels) -> dict[str, float]:
             "unigram_loss_eval": float(-q[targets].log().mean()) if targets.numel() else float("nan")}
 
 
-def build_module(cfg: DictConfig, encoder_cfg: dict, max_steps: int, sampler, schedule):
+def build_module(cfg: DictConfig, encoder_cfg: dict, max_steps: int, recipe=None):
     """The pretraining LightningModule of ``cfg.objective`` (objective=none: an MLM module that is never trained, so the
-    random-init encoder gets the same fixed-mask evaluation and downstream path)."""
-    from mlmlab.data.tokenizer import MASK, PAD, SPECIAL_TOKENS
+    random-init encoder gets the same fixed-mask evaluation and downstream path). ``recipe``: the run's
+    ``MaskingRecipe`` (stage 2); None builds it from ``mask.*`` without data (samplers that need no corpus statistics)."""
     from mlmlab.lit.clm import CLMModule
     from mlmlab.lit.electra import ElectraModule
     from mlmlab.lit.mlm import MLMModule
 
     optim = OmegaConf.to_container(cfg.optim)
     if cfg.objective.name == "clm":
+        from mlmlab.data.tokenizer import PAD
+
         return CLMModule(encoder_cfg, optim, max_steps, PAD)
+    if recipe is None:
+        recipe = recipe_without_data(cfg, encoder_cfg["vocab_size"])
     cls = ElectraModule if cfg.objective.name == "electra" else MLMModule
-    return cls(encoder_cfg, OmegaConf.to_container(cfg.mask), optim, cfg.seed, max_steps,
-               list(range(len(SPECIAL_TOKENS))), MASK, eval_suffix(cfg.eval.rate), sampler=sampler,
-               schedule=schedule, objective=OmegaConf.to_container(cfg.objective))
+    return cls(encoder_cfg, recipe, optim, cfg.seed, max_steps, eval_suffix(cfg.eval.rate),
+               objective=OmegaConf.to_container(cfg.objective))
+
+
+def build_recipe(cfg: DictConfig, ctx, train_blocks: dict | None = None):
+    """``mask.*`` -> the run's MaskingRecipe: the one builder (the replacement sampler with its data-dependent checks,
+    the rate schedule, the masker). ``ctx``: the data context (``mlmlab.data.vocab_stats.make_sampler_context``) or,
+    without data, a plain ``SamplerContext`` (samplers that need no corpus statistics: uniform). ConfigError naming the
+    key."""
+    from mlmlab.config import build_schedule
+    from mlmlab.data.tokenizer import MASK
+    from mlmlab.masking import MaskingRecipe
+
+    sampler = build_sampler(cfg, ctx, train_blocks) if train_blocks is not None else instantiate_sampler(cfg, ctx)
+    try:
+        return MaskingRecipe.from_config(OmegaConf.to_container(cfg.mask), MASK, ctx.special_ids, sampler,
+                                         build_schedule(cfg.mask))
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+
+
+def recipe_without_data(cfg: DictConfig, vocab_size: int):
+    """A MaskingRecipe with no corpus behind it (benchmarks and standalone use; uniform-style samplers only)."""
+    from mlmlab.data.tokenizer import SPECIAL_TOKENS
+    from mlmlab.masking.replacement import SamplerContext
+
+    return build_recipe(cfg, SamplerContext(vocab_size, tuple(range(len(SPECIAL_TOKENS)))))
 
 
 def model_record(module, encoder_cfg: dict) -> dict:
@@ -725,10 +760,8 @@ def model_record(module, encoder_cfg: dict) -> dict:
     return rec
 
 
-def build_masking(cfg: DictConfig, ctx, train_blocks: dict):
+def build_sampler(cfg: DictConfig, ctx, train_blocks: dict):
     """The run's replacement sampler, with data-dependent checks of mask.*; raises ConfigError before training."""
-    from hydra.utils import instantiate
-
     from mlmlab.data.corpus import iter_rows
 
     m = cfg.mask
@@ -737,13 +770,20 @@ def build_masking(cfg: DictConfig, ctx, train_blocks: dict):
         if w is None or not any(bool((c >= 0).any()) for c in iter_rows(w)):
             raise ConfigError(f"mask.unit={m.unit} needs word ids, but the tokenized corpus has none; "
                               "allowed with this data: mask.unit=token")
+    return instantiate_sampler(cfg, ctx)
+
+
+def instantiate_sampler(cfg: DictConfig, ctx):
+    """``mask.sampler`` (a ``_target_`` node) with the data context ``ctx``; ConfigError naming the sampler."""
+    from hydra.utils import instantiate
+
     try:
-        return instantiate(m.sampler, _partial_=True)(ctx=ctx)  # partial: ctx must not go through OmegaConf
+        return instantiate(cfg.mask.sampler, _partial_=True)(ctx=ctx)  # partial: ctx must not go through OmegaConf
     except Exception as e:
         cause = e.__cause__ or e
         if isinstance(cause, ConfigError):
             raise cause from e
-        raise ConfigError(f"mask.sampler ({m.sampler.get('_target_')}): {cause}") from e
+        raise ConfigError(f"mask.sampler ({cfg.mask.sampler.get('_target_')}): {cause}") from e
 
 
 def config_errors_in_one_line(fn):

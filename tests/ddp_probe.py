@@ -41,7 +41,7 @@ def main(out: Path, cache: Path) -> None:
     masking = build_masking_plan(cfg, data)
     dm, val = datamodule(cfg, data, masking), masking.val
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    module = build_module(cfg, encoder_config(cfg, data), STEPS, masking.sampler, masking.schedule)
+    module = build_module(cfg, encoder_config(cfg, data), STEPS, masking.recipe)
     probe = with_attention_mask({k: x[:8] for k, x in data.train_blocks.items()})
     cb = MaskProbe(probe)
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=STEPS, max_epochs=-1, logger=False,

@@ -7,15 +7,14 @@ import torch
 from conftest import CONF_DIR
 from omegaconf import OmegaConf
 
-from mlmlab.config import ConfigError, build_schedule, to_container, validate
+from mlmlab.config import ConfigError, build_schedule, validate
 from mlmlab.data import builtin
 from mlmlab.data.corpus import get_blocks
-from mlmlab.data.tokenizer import MASK, SPECIAL_TOKENS
 from mlmlab.data.vocab_stats import make_sampler_context
 from mlmlab.lit.mlm import MLMModule
 from mlmlab.masking.masker import IGNORE_INDEX
 from mlmlab.models.encoder import EncoderConfig
-from mlmlab.train import build_masking, train
+from mlmlab.train import build_recipe, train
 
 PRESETS = sorted(p.stem for p in Path(CONF_DIR, "mask").glob("*.yaml"))
 QUICK = ["trainer.max_steps=3", "trainer.val_check_interval=3", "downstream.tasks=[]", "logger=none",
@@ -58,10 +57,9 @@ def test_every_mask_preset_composes_and_runs(name, cfg_factory, tmp_path):
 def masked(cfg, batch):
     tok, blocks = get_blocks(cfg)
     ctx = make_sampler_context(cfg, tok, blocks)
-    sampler, schedule = build_masking(cfg, ctx, blocks["train"]), build_schedule(cfg.mask)
     enc = EncoderConfig.from_model_cfg(cfg.model, tok.get_vocab_size()).to_dict()
-    module = MLMModule(enc, to_container(cfg)["mask"], OmegaConf.to_container(cfg.optim), cfg.seed,
-                       cfg.trainer.max_steps, list(range(len(SPECIAL_TOKENS))), MASK, sampler=sampler, schedule=schedule)
+    module = MLMModule(enc, build_recipe(cfg, ctx, blocks["train"]), OmegaConf.to_container(cfg.optim), cfg.seed,
+                       cfg.trainer.max_steps)
     return module.mask_batch(batch, 0)[1]
 
 
@@ -152,6 +150,6 @@ def test_domain_word_list_out_of_vocabulary_is_reported(cfg_factory, tmp_path):
     validate(cfg)
     tok, blocks = get_blocks(cfg)
     with pytest.raises(ConfigError, match="out of vocabulary"):
-        build_masking(cfg, make_sampler_context(cfg, tok, blocks), blocks["train"])
+        build_recipe(cfg, make_sampler_context(cfg, tok, blocks), blocks["train"])
     with pytest.raises(ConfigError, match="mask.sampler"):
         train(cfg_factory("mask=domain_vocab", f"mask.sampler.word_list={tmp_path / 'missing.txt'}", *QUICK))

@@ -4,14 +4,12 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import OmegaConf
 
-from mlmlab.config import build_schedule, to_container
 from mlmlab.data.corpus import get_blocks
 from mlmlab.data.datamodule import PretrainDataModule, with_attention_mask
-from mlmlab.data.tokenizer import MASK, SPECIAL_TOKENS
 from mlmlab.data.vocab_stats import make_sampler_context
 from mlmlab.lit.mlm import MLMModule
 from mlmlab.models.encoder import EncoderConfig
-from mlmlab.train import build_masking
+from mlmlab.train import build_recipe
 
 
 class MaskTrace(pl.Callback):
@@ -28,9 +26,7 @@ class MaskTrace(pl.Callback):
 def fit(cfg, blocks, tok, max_steps, probe, ckpt_in=None, ckpt_out=None):
     ctx = make_sampler_context(cfg, tok, blocks)
     enc = EncoderConfig.from_model_cfg(cfg.model, tok.get_vocab_size()).to_dict()
-    module = MLMModule(enc, to_container(cfg)["mask"], OmegaConf.to_container(cfg.optim), cfg.seed, 6,
-                       list(range(len(SPECIAL_TOKENS))), MASK, sampler=build_masking(cfg, ctx, blocks["train"]),
-                       schedule=build_schedule(cfg.mask))
+    module = MLMModule(enc, build_recipe(cfg, ctx, blocks["train"]), OmegaConf.to_container(cfg.optim), cfg.seed, 6)
     val = {"input_ids": blocks["validation"]["input_ids"][:8], "labels": blocks["validation"]["input_ids"][:8].long(),
            "attention_mask": blocks["validation"]["input_ids"][:8] > 0}
     dm = PretrainDataModule(blocks["train"], val, 8, 8, cfg.seed)

@@ -15,7 +15,7 @@ from mlmlab.config import ConfigError, validate
 from mlmlab.flops import clm_step_flops, electra_step_flops
 from mlmlab.lit.electra import ElectraModule
 from mlmlab.lit.optim import param_groups
-from mlmlab.masking import GeneratorSource, make_generator
+from mlmlab.masking import Constant, GeneratorSource, MaskingRecipe, make_generator
 from mlmlab.masking.masker import BertMasker
 from mlmlab.masking.replacement import SamplerContext, UniformSampler
 from mlmlab.models.electra import ElectraForPretraining
@@ -120,8 +120,8 @@ def test_sampling_follows_the_tempered_softmax(method):
 def test_downstream_gets_the_discriminator():
     c = tiny()
     enc = {k: v for k, v in c.to_dict().items()}
-    mask = {"rate": 0.15, "replace": {"mask": 0.85, "random": 0.0, "keep": 0.15}}
-    module = ElectraModule(enc, mask, {}, 0, 10, list(SPECIAL), MASK_ID,
+    recipe = MaskingRecipe(BertMasker(MASK_ID, 0.85, 0.0, 0.15, sampler=None), Constant(0.15), SPECIAL)
+    module = ElectraModule(enc, recipe, {}, 0, 10,
                            objective={"generator_size": 0.25, "disc_weight": 50.0, "temperature": 1.0,
                                       "sampling": "gumbel"})
     assert module.encoder() is module.model.discriminator

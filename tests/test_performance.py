@@ -13,7 +13,7 @@ import torch
 from conftest import ROOT
 
 from mlmlab.config import ConfigError, validate
-from mlmlab.lit.mlm import TRAIN_STREAM, build_masker
+from mlmlab.lit.mlm import TRAIN_STREAM
 from mlmlab.lit.optim import adamw_with_schedule
 from mlmlab.masking import GeneratorSource, Masker, make_generator
 from mlmlab.masking.masker import IGNORE_INDEX, KEPT, MASKED, NOT_SELECTED, RANDOM
@@ -160,12 +160,11 @@ def test_ddp_two_processes_distinct_reproducible_masks_and_exact_synced_validati
 
     from mlmlab.data.corpus import get_blocks
     from mlmlab.data.vocab_stats import make_sampler_context
-    from mlmlab.train import build_masking, to_container
+    from mlmlab.train import build_recipe
 
     cfg = make_cfg([*FAST], tmp_path / "ref", cache_dir)
     tok, blocks = get_blocks(cfg)
-    masker = build_masker(to_container(cfg)["mask"], 4, build_masking(cfg, make_sampler_context(cfg, tok, blocks),
-                                                                      blocks["train"]))
+    masker = build_recipe(cfg, make_sampler_context(cfg, tok, blocks), blocks["train"]).masker
     probe = {k: v[:8] for k, v in blocks["train"].items()}
     for step in range(3):
         assert not torch.equal(traces[0][step]["labels"], traces[1][step]["labels"])

@@ -217,13 +217,13 @@ def _source(path: str, val_path: str | None, doc_sep: str, val_fraction: float, 
 def _hub_corpus(d: DictConfig, cache_dir: str | None) -> dict:
     """``datasets.load_dataset(data.hub, data.hub_name, split=...)``: a hub name, or anything else load_dataset takes (a
     local folder of data files, a loading script). Non-empty values of ``data.text_column`` are the documents."""
-    import datasets
+    from mlmlab.data.hub import load_dataset
 
     where = f"data.hub={d.hub!r}" + (f" data.hub_name={d.hub_name!r}" if d.get("hub_name") else "")
 
     def load(split: str):
         try:  # the user's HF cache (HF_DATASETS_CACHE): what is downloaded there is reused, also offline
-            ds = datasets.load_dataset(d.hub, d.get("hub_name"), split=split)
+            ds = load_dataset(d.hub, d.get("hub_name"), split=split)
         except Exception as e:  # offline, unknown name, unknown split: say what was asked and how to work offline
             raise ConfigError(f"{where}: could not load split {split!r} ({type(e).__name__}: {e}); for offline work "
                               "set data.path to local text files (or paths.data_dir for a preset's local copy)") from e

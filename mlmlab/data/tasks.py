@@ -215,11 +215,11 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def _hub_split(spec: TaskSpec, split: str) -> list[dict]:
-    import datasets
+    from mlmlab.data.hub import load_dataset
 
     path, name = spec.hub
     try:
-        ds = datasets.load_dataset(path, name, split=spec.hub_splits.get(split, split))
+        ds = load_dataset(path, name, split=spec.hub_splits.get(split, split))
     except Exception as e:
         raise ConfigError(f"task {spec.name}: could not load {path}{'/' + name if name else ''} split {split} from "
                           f"the hub ({type(e).__name__}: {e}); for offline work put local files under "
@@ -236,10 +236,10 @@ def _hub_split(spec: TaskSpec, split: str) -> list[dict]:
 
 def _hub_rows(spec: TaskSpec, config: str) -> list[dict]:
     """A minimal-pairs paradigm from the hub (``nyu-mll/blimp`` has one config per paradigm, split ``train``)."""
-    import datasets
+    from mlmlab.data.hub import load_dataset
 
     try:
-        return datasets.load_dataset(spec.hub[0], config, split="train").to_list()
+        return load_dataset(spec.hub[0], config, split="train").to_list()
     except Exception as e:
         raise ConfigError(f"task {spec.name}: could not load {spec.hub[0]}/{config} from the hub ({type(e).__name__}: "
                           f"{e}); for offline work put <paradigm>.jsonl files under <data dir>/{spec.local}/") from e

@@ -16,7 +16,7 @@ class ElectraModule(MLMModule):
 
     def build_model(self, c: EncoderConfig):
         o = self.hparams.objective
-        return ElectraForPretraining(c, o["generator_size"], o.get("generator_layers"), tuple(self.hparams.special_ids))
+        return ElectraForPretraining(c, o["generator_size"], o.get("generator_layers"), self.masking.special_ids)
 
     def encoder(self):
         return self.model.discriminator

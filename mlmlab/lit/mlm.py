@@ -6,7 +6,7 @@ import pytorch_lightning as pl
 import torch
 
 from mlmlab.lit.optim import adamw_from_cfg
-from mlmlab.masking import GeneratorSource, KeyedSource, Masker, make_generator, telemetry
+from mlmlab.masking import GeneratorSource, KeyedSource, MaskingRecipe, make_generator, telemetry
 from mlmlab.models.encoder import BertForMLM, EncoderConfig
 
 TRAIN_STREAM = 0  # first seed part of the training mask stream (other streams, e.g. eval, use other tags)
@@ -14,23 +14,16 @@ SAMPLE_STREAM, EVAL_SAMPLE_STREAM = 3, 4  # ELECTRA's generator samples: trainin
 
 
 class MLMModule(pl.LightningModule):
-    def __init__(self, encoder: dict, mask: dict, optim: dict, seed: int, max_steps: int, special_ids: list[int],
-                 mask_token_id: int, eval_suffix: str = "r15", sampler=None, schedule=None, objective: dict | None = None):
+    def __init__(self, encoder: dict, masking: MaskingRecipe, optim: dict, seed: int, max_steps: int,
+                 eval_suffix: str = "r15", objective: dict | None = None):
+        """``masking``: what this run masks with (``MaskingRecipe.from_config`` of ``mask.*``; mlmlab.train builds it
+        once, in its masking stage). The whole run config is logged once by train.py, so the hyperparameters kept here
+        are the ones the module itself reads: encoder, optim, seed, max_steps, eval_suffix, objective."""
         super().__init__()
-        # the whole run config is logged once by train.py; sampler/schedule are objects built from mask.*
-        self.save_hyperparameters(ignore=["sampler", "schedule"], logger=False)
+        self.save_hyperparameters(ignore=["masking"], logger=False)
+        self.masking = masking
         self.model = self.build_model(EncoderConfig(**encoder))
-        if sampler is None:  # standalone use: BERT's uniform replacements over the non-special ids
-            from mlmlab.masking.replacement import SamplerContext, UniformSampler
-
-            sampler = UniformSampler(SamplerContext(encoder["vocab_size"], tuple(special_ids)))
-        self.masker = build_masker(mask, mask_token_id, sampler)
-        if schedule is None:
-            from mlmlab.masking import Constant
-
-            schedule = Constant(mask["rate"])
-        self.schedule = schedule
-        self.dynamic, self.static_copies = mask.get("dynamic", True), mask.get("static_copies", 1)
+        self.masker, self.schedule = masking.masker, masking.schedule
         self.seed, self.max_steps, self.eval_suffix = seed, max_steps, eval_suffix
         self.telemetry_sums: dict[str, float] = {}  # realized corruption summed over the run's training batches
         self.telemetry_batches = 0
@@ -68,10 +61,10 @@ class MLMModule(pl.LightningModule):
     def mask_source(self, batch, batch_idx: int):
         """Dynamic: a generator keyed by (seed, rank, step, micro-batch). Static: keyed by (seed, block, copy)."""
         ids = batch["input_ids"]
-        if self.dynamic:
+        if self.masking.dynamic:
             return GeneratorSource(self.mask_generator(batch_idx), ids.shape[0], ids.device)
         epoch = self.trainer.current_epoch if self._trainer is not None else 0
-        return KeyedSource.for_blocks(self.seed, batch["block_id"], epoch % self.static_copies)
+        return KeyedSource.for_blocks(self.seed, batch["block_id"], epoch % self.masking.static_copies)
 
     def mask_batch(self, batch, batch_idx: int):
         rate = self.schedule(self.global_step, self.max_steps)
@@ -108,11 +101,3 @@ def log_weighted(module: pl.LightningModule, name: str, value, n, **kw) -> None:
     sum(n) over every rank's batches. ``n`` goes in as a float because Lightning's gloo "mean" sync divides an integer
     count by the world size in integer arithmetic (701 tokens on 2 ranks -> 350), which skews the synced mean."""
     module.log(name, value, batch_size=float(n), sync_dist=True, **kw)
-
-
-def build_masker(mask: dict, mask_token_id: int, sampler) -> Masker:
-    r, sp = mask["replace"], mask.get("span") or {}
-    return Masker(mask_token_id, r["mask"], r["random"], r["keep"], sampler=sampler, count=mask.get("count", "bernoulli"),
-                  unit=mask.get("unit", "token"), min_per_seq=mask.get("min_per_seq"),
-                  predict_rate=mask.get("predict_rate"), span_p=sp.get("p", 0.2), span_min=sp.get("min_len", 1),
-                  span_max=sp.get("max_len", 10))

@@ -5,6 +5,7 @@ from mlmlab.masking.masker import (
     KeyedSource,
     MaskedBatch,
     Masker,
+    MaskingRecipe,
     make_generator,
     mask_once,
     mask_seed,
@@ -12,5 +13,5 @@ from mlmlab.masking.masker import (
 )
 from mlmlab.masking.schedules import Constant, Cosine, Linear, Piecewise, Step
 
-__all__ = ["GeneratorSource", "KeyedSource", "MaskedBatch", "Masker", "make_generator", "mask_once", "mask_seed",
+__all__ = ["GeneratorSource", "KeyedSource", "MaskedBatch", "Masker", "MaskingRecipe", "make_generator", "mask_once", "mask_seed",
            "telemetry", "Constant", "Cosine", "Linear", "Piecewise", "Step"]

@@ -25,7 +25,9 @@ The masking axes (``mask.*``):
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -298,6 +300,38 @@ class Masker:
 def BertMasker(mask_token_id: int, mask: float, random: float, keep: float, sampler) -> Masker:  # noqa: N802
     """BERT's recipe: tokens selected independently with probability ``rate``, then 80/10/10 (the fixed eval masks)."""
     return Masker(mask_token_id, mask, random, keep, sampler=sampler)
+
+
+@dataclass(frozen=True)
+class MaskingRecipe:
+    """Everything a pretraining module masks with, built once from ``mask.*`` by :meth:`from_config`: the masking
+    function, the rate schedule ``(step, max_steps) -> rate``, where each batch's random numbers come from (dynamic:
+    a generator per step; static: keyed by block and copy), and the vocabulary's special ids (never selected, never a
+    replacement, never sampled by an ELECTRA generator)."""
+
+    masker: Masker
+    schedule: Callable[[int, int], float]
+    special_ids: tuple[int, ...]
+    dynamic: bool = True
+    static_copies: int = 1
+
+    @classmethod
+    def from_config(cls, mask: Mapping[str, Any], mask_token_id: int, special_ids: Sequence[int], sampler,
+                    schedule: Callable[[int, int], float]) -> MaskingRecipe:
+        """The one place ``mask.*`` (the whole group as a plain mapping, every key present: the config schema's
+        defaults are the only defaults) becomes a :class:`Masker`; ``sampler`` and ``schedule`` are the objects built
+        from ``mask.sampler`` / ``mask.schedule``."""
+        r, sp = mask["replace"], mask["span"]
+        masker = Masker(mask_token_id, r["mask"], r["random"], r["keep"], sampler=sampler, count=mask["count"],
+                        unit=mask["unit"], min_per_seq=mask["min_per_seq"], predict_rate=mask["predict_rate"],
+                        span_p=sp["p"], span_min=sp["min_len"], span_max=sp["max_len"])
+        if int(mask["static_copies"]) < 1:
+            raise ValueError(f"mask.static_copies={mask['static_copies']} must be >= 1")
+        return cls(masker, schedule, tuple(int(i) for i in special_ids), bool(mask["dynamic"]),
+                   int(mask["static_copies"]))
+
+    def rate(self, step: int, max_steps: int) -> float:
+        return float(self.schedule(step, max_steps))
 
 
 def telemetry(original: torch.Tensor, special_tokens_mask: torch.Tensor, out: MaskedBatch) -> dict[str, torch.Tensor]:
