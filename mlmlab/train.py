@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from mlmlab.config import ConfigError, to_container, validate
@@ -786,10 +787,15 @@ def instantiate_sampler(cfg: DictConfig, ctx):
         raise ConfigError(f"mask.sampler ({cfg.mask.sampler.get('_target_')}): {cause}") from e
 
 
+class OneLineConfigError(ConfigError, CompactHydraException):
+    """A job's ConfigError leaving a multirun: Hydra prints a CompactHydraException as its message, without a traceback."""
+
+
 def config_errors_in_one_line(fn):
     """A single run's ``ConfigError`` as one line on stderr (and the failed record's path) with exit code 2, instead of
     Hydra's traceback; ``HYDRA_FULL_ERROR=1`` keeps the traceback. In a multirun the error is raised as before, so the
-    launcher records that job as failed and goes on with the others."""
+    launcher records that job as failed and goes on with the others, and Hydra prints the error as one line (no
+    traceback) when the sweep ends."""
     import functools
     import sys
 
@@ -802,8 +808,10 @@ def config_errors_in_one_line(fn):
             from hydra.types import RunMode
 
             multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-            if multirun or os.environ.get("HYDRA_FULL_ERROR") == "1":
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
+            if multirun:  # the launcher records the job as failed; Hydra prints this class as its message alone
+                raise OneLineConfigError(str(e)) from None
             record = Path(cfg.paths.output_dir).expanduser() / "results.json"
             where = f" (record: {record})" if record.exists() else ""
             print(f"error: {e}{where}", file=sys.stderr)

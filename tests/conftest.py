@@ -53,9 +53,12 @@ def cfg_factory(tmp_path, cache_dir):
     return factory
 
 
-def run_cli(args: list[str], cache: Path, timeout: int = 600, module: str = "mlmlab.train") -> subprocess.CompletedProcess:
-    """``python -m <module> <args>`` in a subprocess, offline, with the session's cache."""
-    env = {**os.environ, "MLMLAB_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "1"}
+def run_cli(args: list[str], cache: Path, timeout: int = 600, module: str = "mlmlab.train",
+            full_error: bool = True) -> subprocess.CompletedProcess:
+    """``python -m <module> <args>`` in a subprocess, offline, with the session's cache (``full_error``: Hydra's
+    tracebacks, ``HYDRA_FULL_ERROR=1``; False: what a user sees)."""
+    env = {**os.environ, "MLMLAB_CACHE_DIR": str(cache), "WANDB_MODE": "offline",
+           "HYDRA_FULL_ERROR": "1" if full_error else "0"}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
 

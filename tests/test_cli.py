@@ -47,9 +47,11 @@ def test_multirun_two_jobs(tmp_path, cache_dir):
 
 def test_failing_job_does_not_stop_the_sweep(tmp_path, cache_dir):
     sweep = tmp_path / "sweep"
-    p = run_cli(["-m", "debug=fast", "downstream=none", "mask.rate=1.5,0.2", f"hydra.sweep.dir={sweep}"], cache_dir)
+    p = run_cli(["-m", "debug=fast", "downstream=none", "mask.rate=1.5,0.2", f"hydra.sweep.dir={sweep}"], cache_dir,
+                full_error=False)
     assert p.returncode != 0  # the sweep reports the failure ...
     assert "mask.rate=1.5 must be in the open interval (0, 1)" in p.stderr
+    assert "Traceback" not in p.stderr  # one line per bad config, in a multirun too (HYDRA_FULL_ERROR=1: traceback)
     df = load_runs(sweep, include_failed=True).set_index("mask.rate")
     assert df.loc[1.5, "status"] == "failed" and df.loc[0.2, "status"] == "ok"  # ... after running the other job
 
