@@ -124,6 +124,9 @@ def test_notebooks_execute(notebook, tiny_sweep, monkeypatch, tmp_path):
     text = "".join(o.get("text", "") for o in outputs)
     assert "4 runs from" in text
     assert any("image/png" in o.get("data", {}) for o in outputs)  # the plot was drawn
+    if notebook == "01_mask_rate.ipynb":  # the label-budget and curve panels, on the fixture's budgets and curves
+        assert "label budget, builtin_sentiment:" in text and "label budget, builtin_topic:" in text
+        assert "curves over pretraining: curve/probe/builtin_sentiment/acc" in text
 
 
 def test_load_runs_from_the_wandb_api(monkeypatch):
