@@ -8,6 +8,11 @@ downstream) from the job's ``results.json`` "timings_s"; peak RSS from ``/usr/bi
     python benchmarks/bench_e2e.py                               # the default job: several minutes on 2 cores
     python benchmarks/bench_e2e.py --quick --out /tmp/bench      # debug=fast: seconds
     python benchmarks/bench_e2e.py --overrides mask.rate=0.4 trainer.max_steps=200
+
+After the job, unless ``--no-step``, one optimizer step of the job's own encoder config is timed in this process at the
+job's batch, block length, mask rate, precision and thread count, as ``bench_step.py`` times it (a pre-masked batch,
+no data loading, no logging): ``job_over_step`` = the job's tokens/s (results.json ``throughput``: median interval
+between training steps, validation left out) / that step's tokens/s. Target: >= 0.9 as features land.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=3600, help="seconds before the job is killed")
     p.add_argument("--keep", action="store_true", help="keep the temporary run/cache dir (its path is printed)")
     p.add_argument("--out", help="result file or directory (default benchmarks/results/bench_e2e.json)")
+    p.add_argument("--no-step", action="store_true", help="skip timing the bare step (no job_over_step)")
+    p.add_argument("--step-iters", type=int, default=30, help="timed steps of the bare step (median)")
     args = p.parse_args(argv)
     args.overrides = (["debug=fast"] if args.quick else []) + list(args.overrides)
     return args
@@ -107,6 +114,28 @@ def summarize(job: dict, record: dict | None) -> dict:
     return res
 
 
+def step_reference(record: dict, iters: int, threads: int | None) -> dict:
+    """The bare step (bench_step.py's ``ours`` row) at the job's shape, batch, mask rate, precision and threads."""
+    import torch
+    from bench_step import make_batch, ours_loss, time_steps
+
+    from mlmlab.models.encoder import BertForMLM, EncoderConfig
+
+    keys = EncoderConfig.__dataclass_fields__
+    enc = EncoderConfig(**{k: v for k, v in record["model"].items() if k in keys})
+    c = record["config"]
+    batch, seq = c["data"]["batch_size"] * c["trainer"]["accumulate_grad_batches"], c["data"]["max_seq_len"]
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = BertForMLM(enc)
+    b = make_batch(enc.vocab_size, batch, seq, float(c["mask"]["rate"]), 0)
+    bf16 = str(record.get("precision", "")).startswith("bf16")
+    t = time_steps(model, ours_loss, b, warmup=3, iters=iters, autocast=bf16)
+    return {"step_s_median": t["step_s"], "tokens_per_s": batch * seq / t["step_s"], "batch": batch, "seq": seq,
+            "precision": "bf16 autocast" if bf16 else "fp32", "threads": torch.get_num_threads(), "iters": iters}
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="mlmlab_bench_e2e_"))
@@ -115,6 +144,13 @@ def main(argv=None) -> dict:
         rpath = tmp / "run" / "results.json"
         record = json.loads(rpath.read_text()) if rpath.exists() else None
         res = summarize(job, record)
+        speed = (record or {}).get("throughput") or {}
+        if speed.get("tokens_per_s"):
+            res["job_tokens_per_s"], res["job_step_s_median"] = speed["tokens_per_s"], speed["step_s_median"]
+            if not args.no_step:
+                threads = ((record or {}).get("machine") or {}).get("torch_threads")
+                res["step"] = step_reference(record, args.step_iters, threads)
+                res["job_over_step"] = speed["tokens_per_s"] / res["step"]["tokens_per_s"]
     finally:
         if args.keep:
             print(f"kept {tmp}")
@@ -132,6 +168,10 @@ def main(argv=None) -> dict:
     cols = [(k, k, ".1f") for k in ("wall_s", "startup_s", "data_s", "pretrain_s", "eval_s", "downstream_s",
                                     "other_in_job_s", "peak_rss_mib")]
     print(format_table([res], [("status", "status", "s")] + cols))
+    if "job_over_step" in res:
+        print(f"job {res['job_tokens_per_s']:.0f} tokens/s, bare step {res['step']['tokens_per_s']:.0f} tokens/s "
+              f"({res['step']['precision']}, {res['step']['threads']} threads): job_over_step "
+              f"{res['job_over_step']:.3f} (target >= 0.9)")
     print(f"wrote {path}")
     if job["returncode"] != 0 or res["status"] != "ok":
         print(job["log_tail"], file=sys.stderr)

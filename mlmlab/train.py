@@ -477,6 +477,9 @@ def build_pretraining(cfg: DictConfig, config: dict, info: dict, out_dir: Path, 
         from mlmlab.lit.progress import StepProgressBar
 
         callbacks.append(StepProgressBar())
+    from mlmlab.lit.calibrate import Throughput
+
+    callbacks.append(Throughput())
     curve = None
     if cfg.eval.zeroshot_every_n_steps is not None and objective != "none":
         from mlmlab.lit.curves import EvalCurve
@@ -523,6 +526,11 @@ def pretrain(cfg: DictConfig, out_dir: Path, record, trainer, module, dm, guard,
             raise
     if curve is not None:
         record.set(curves=curve.rows)
+    speed = next((c for c in trainer.callbacks if type(c).__name__ == "Throughput"), None)
+    if speed is not None:  # the job's own tokens/s (benchmarks/bench_e2e.py compares it with bench_step's)
+        d, t = cfg.data, cfg.trainer
+        record.set(throughput=speed.record(d.batch_size * d.max_seq_len * t.accumulate_grad_batches
+                                           * trainer.world_size))
     metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")})
     for k, v in (module.telemetry_means() if hasattr(module, "telemetry_means") else {}).items():
         if k in metrics:

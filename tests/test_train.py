@@ -131,6 +131,11 @@ def test_realized_corruption_in_results_is_the_run_mean(cfg_factory, tmp_path):
     assert len(h) == 12
     assert m["train/selected_frac"] == pytest.approx(h["train/selected_frac"].mean(), abs=1e-6)
     assert m["train/selected_frac_last"] == pytest.approx(h.sort_values("step")["train/selected_frac"].iloc[-1])
+    speed = json.loads((out / "results.json").read_text())["throughput"]  # the job's own step speed (bench_e2e)
+    assert speed["steps_timed"] == 12 - 3 - 1  # 9 steps after 3 warm-up ones, less the interval over step 10's validation
+    assert speed["tokens_per_step"] == 16 * 64 and speed["tokens_per_s"] == pytest.approx(
+        speed["tokens_per_step"] / speed["step_s_median"])
+    assert 0 < speed["busy_s_median"] <= speed["step_s_median"] * 1.5
 
 
 def test_progress_bars_show_pretraining_steps_and_each_fine_tuning(cfg_factory, tmp_path, capsys):

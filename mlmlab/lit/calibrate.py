@@ -20,6 +20,39 @@ from pytorch_lightning.utilities.seed import isolate_rng
 from torch.utils.data import DataLoader
 
 
+class Throughput(pl.Callback):
+    """The job's own training speed: the median wall time between consecutive training-batch ends (a step as the job
+    runs it: data loading, masking, forward, backward, optimizer, logging, guards), with intervals that contain a
+    validation pass left out, and the median busy time (batch start to batch end). ``record(tokens_per_step)``:
+    what results.json keeps under ``throughput``."""
+
+    def __init__(self, warm: int = 3):
+        self.warm, self.intervals, self.busy = warm, [], []
+        self._start = self._end = None
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        now = time.perf_counter()
+        if trainer.global_step > self.warm and self._start is not None:
+            self.busy.append(now - self._start)
+            if self._end is not None:
+                self.intervals.append(now - self._end)
+        self._end = now
+
+    def on_validation_start(self, trainer, module):
+        self._end = None  # the next interval would contain this validation pass
+
+    def record(self, tokens_per_step: int) -> dict:
+        if not self.intervals:
+            return {"steps_timed": 0}
+        step = statistics.median(self.intervals)
+        return {"steps_timed": len(self.intervals), "step_s_median": step,
+                "busy_s_median": statistics.median(self.busy), "tokens_per_step": tokens_per_step,
+                "tokens_per_s": tokens_per_step / step}
+
+
 class _StepTimer(pl.Callback):
     """Seconds of each training step after ``warm`` warm-up steps (batch start to batch end, so a validation pass is
     not counted in a step), and of the validation pass."""
