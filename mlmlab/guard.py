@@ -1,19 +1,13 @@
 """The training guard of a pretraining job: periodic and SIGTERM checkpoints (written atomically by
 ``mlmlab.checkpoint``), the RNG states and data position a checkpoint carries for exact resume, a guard against
 non-finite losses and gradients, and a per-step loss log. Checkpoints and resume: ``mlmlab.checkpoint``; the end
-of a multirun: ``mlmlab.sweep``.
-
-Test-only fault hooks (environment variables, read at each step; never set them outside tests):
-``MLMLAB_FAULT_KILL_AT_STEP=N`` SIGKILLs the job right after optimizer step N (after any checkpoint of that step),
-``MLMLAB_FAULT_SIGTERM_AT_STEP=N`` sends it a SIGTERM there.
+of a multirun: ``mlmlab.sweep``; the test-only fault injection around the guard: ``mlmlab.lit.faults``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
 import time
 from pathlib import Path
 
@@ -153,7 +147,6 @@ class Guard(pl.Callback):
             if loss is not None:
                 with open(self.log_path, "a") as f:
                     f.write(json.dumps({"step": step, "loss": float(loss)}) + "\n")
-        _fault_hooks(step, "MLMLAB_FAULT_SIGTERM_AT_STEP")  # as if it arrived during this step
         # set by Lightning's SIGTERM handler. Under DDP the signal may reach one rank only: act on it there would
         # deadlock the others in the checkpoint's barrier, so leave it to Lightning, which broadcasts it at the next
         # batch and raises SIGTERMException on every rank together (then on_exception saves, on every rank)
@@ -162,7 +155,6 @@ class Guard(pl.Callback):
             self._save(trainer, "SIGTERM" if sigterm else "")
         if sigterm:
             raise self.preempted(step)
-        _fault_hooks(step, "MLMLAB_FAULT_KILL_AT_STEP")  # after the checkpoint of this step
 
     def _save(self, trainer, why: str = "") -> None:
         self.last_good = atomic_save_checkpoint(trainer, self.last_ckpt)
@@ -182,15 +174,3 @@ class Guard(pl.Callback):
 
         if isinstance(exception, SIGTERMException) and self._saved_step != trainer.global_step:
             self._save(trainer, "SIGTERM")
-
-
-def _fault_hooks(step: int, var: str) -> None:
-    """Test-only fault injection (see the module docstring)."""
-    sig = signal.SIGKILL if var == "MLMLAB_FAULT_KILL_AT_STEP" else signal.SIGTERM
-    at = os.environ.get(var)
-    if at and int(at) == step:
-        log.warning("%s=%s: sending %s to myself", var, at, sig.name)
-        os.kill(os.getpid(), sig)
-        time.sleep(0.1)  # let the handler run before going on
-
-

@@ -471,8 +471,11 @@ def build_pretraining(cfg: DictConfig, config: dict, info: dict, out_dir: Path, 
         record.set(resumed_from=str(ckpt_path))
     if run is not None:  # what W&B logged before a checkpoint is on disk when the checkpoint is (a SIGKILL keeps it)
         guard.after_save.append(lambda: wandb_barrier(run, float(cfg.logger.wandb.get("flush_seconds", 2.0))))
+    from mlmlab.lit.faults import fault_callbacks
+
+    before, after = fault_callbacks()  # test-only (MLMLAB_FAULT_*): none in a normal job
     callbacks = [RunInfo(run_info(config, data.tok, encoder_cfg, module, wandb_group(cfg, info),
-                                  run.id if run is not None else None)), guard]
+                                  run.id if run is not None else None)), *before, guard, *after]
     if t.enable_progress_bar:
         from mlmlab.lit.progress import StepProgressBar
 
