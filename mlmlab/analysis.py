@@ -15,13 +15,13 @@ in ``df.attrs["skipped"]``; a source with no runs at all raises ``NoRunsError``.
 ``compare(df, by="mask.rate", baseline=0.15)`` -> paired differences over seeds with a paired t-test;
 ``plot_metric`` / ``plot_history`` draw a metric against an axis with CI bands and curves per group.
 
-``python -m mlmlab.analysis <dir | wandb:entity/project[/group]> --by mask.rate [--metric ...] [--baseline 0.15]
-[--csv out.csv] [--png out.png]`` prints the table.
+``python -m mlmlab.analysis <dir | wandb:entity/project[/group]> by=mask.rate [metric=[...]] [baseline=0.15]
+[csv=out.csv] [png=out.png]`` prints the table (``key=value`` arguments like every entry point, :mod:`mlmlab.cli`;
+``python -m mlmlab.analysis help`` lists them).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -30,6 +30,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pandas as pd
+
+from mlmlab.cli import Opt
+from mlmlab.cli import run as cli_run
 
 log = logging.getLogger(__name__)
 
@@ -526,26 +529,34 @@ def _parse_value(s: str):
     return {"true": True, "false": False}.get(s.lower(), s)
 
 
+OPTIONS = {
+    "source": Opt("a job/sweep dir, or wandb:<entity>/<project>[/<group>] (also the first bare argument)",
+                  required=True),
+    "by": Opt("config columns to group by, e.g. by=mask.rate or by=[mask.rate,mask.name] (required unless items_vs "
+              "or label_budget)", many=True),
+    "metric": Opt("metric columns", default=[DEFAULT_METRIC], many=True),
+    "baseline": Opt("a value of the (first) by column: paired differences against it"),
+    "pair_on": Opt("the column that pairs runs in baseline comparisons", default="seed"),
+    "source_kind": Opt("where runs are read from", default="auto", choices=("auto", "results", "wandb")),
+    "csv": Opt("write the table (and the comparison, as <name>.compare.csv) here"),
+    "png": Opt("write the plot of the first metric against the first by column here"),
+    "hue": Opt("a second config column: one line per value in the plot"),
+    "label_budget": Opt("TASK: the label-budget curve of TASK (jobs run with downstream.max_train_examples=[...]) per "
+                        "by group, for the first metric's last part (e.g. acc); png= plots it"),
+    "prefix": Opt("with label_budget: downstream | gain | random_init", default="downstream",
+                  choices=("downstream", "gain", "random_init")),
+    "items_vs": Opt("RUN[:random_init]: compare the per-item predictions of the run source (or source:random_init) "
+                    "with this one: paired bootstrap CI, McNemar, minimal detectable difference"),
+}
+PROG = "python -m mlmlab.analysis"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mlmlab.analysis", description="Aggregate a sweep's runs over seeds.")
-    p.add_argument("source", help="a job/sweep dir, or wandb:<entity>/<project>[/<group>]")
-    p.add_argument("--by", nargs="+", help="config columns to group by, e.g. mask.rate (required unless --items-vs or "
-                                          "--label-budget)")
-    p.add_argument("--metric", nargs="+", default=[DEFAULT_METRIC], help="metric columns (default downstream/score)")
-    p.add_argument("--baseline", help="a value of the (first) --by column: paired differences against it")
-    p.add_argument("--pair-on", default="seed", help="column that pairs runs in --baseline comparisons")
-    p.add_argument("--source-kind", default="auto", choices=["auto", "results", "wandb"])
-    p.add_argument("--csv", help="write the table (and the comparison, as <name>.compare.csv) here")
-    p.add_argument("--png", help="write the plot of the first metric against the first --by column here")
-    p.add_argument("--hue", help="a second config column: one line per value in the plot")
-    p.add_argument("--label-budget", metavar="TASK",
-                   help="the label-budget curve of TASK (jobs run with downstream.max_train_examples=[...]) per --by "
-                        "group, for the first --metric's last part (e.g. acc); --png plots it")
-    p.add_argument("--prefix", default="downstream", help="with --label-budget: downstream | gain | random_init")
-    p.add_argument("--items-vs", metavar="RUN[:random_init]",
-                   help="compare the per-item predictions of the run SOURCE (or SOURCE:random_init) with this one: "
-                        "paired bootstrap CI, McNemar, minimal detectable difference")
-    a = p.parse_args(argv)
+    """Aggregate a sweep's runs over seeds (``key=value`` arguments, :mod:`mlmlab.cli`; ``help`` lists them)."""
+    return cli_run(_main, argv, OPTIONS, PROG, positional="source")
+
+
+def _main(a) -> int:
     if a.items_vs:
         try:
             table = compare_items(load_predictions(a.source), load_predictions(a.items_vs))
@@ -559,10 +570,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if a.csv:
             table.to_csv(a.csv)
         return 0
-    if a.label_budget:  # --by optional: one curve per group, or one curve
+    if a.label_budget:  # by= optional: one curve per group, or one curve
         return _label_budget_cli(a)
     if not a.by:
-        p.error("--by is required (unless --items-vs or --label-budget)")
+        print(f"{PROG}: by= is required (unless items_vs= or label_budget=)", file=sys.stderr)
+        return 2
     try:
         df = load_runs(a.source, source_kind=a.source_kind)  # failed jobs: left out, counted below
         table = aggregate(df, a.by, a.metric)

@@ -75,6 +75,10 @@ CONNECT_TIMEOUT_S = 5.0  # the reachability check (name lookup + TCP connect)
 API_TIMEOUT_S = 20  # per HTTP request once the server is known to answer
 OFFLINE_MODES = ("offline", "dryrun", "disabled")
 OPTIONS = ("entity", "project", "group", "axes", "name", "report")
+OPTION_HELP = {"entity": "the W&B entity (default: WANDB_ENTITY, else the API key's default entity)",
+               "project": "the W&B project (default mlmlab)", "group": "the sweep's W&B group (required)",
+               "axes": "the swept config keys to plot against, e.g. [mask.rate,mask.unit]",
+               "name": "the workspace's name", "report": "true: also save a W&B report (default false)"}
 USAGE = ("usage: python -m mlmlab.dashboard entity=<entity> project=<project> group=<sweep> "
          "[axes=[mask.rate,mask.unit]] [name=<workspace name>] [report=true|false]")
 
@@ -129,19 +133,16 @@ def _parse_bool(key: str, value: str) -> bool:
 
 
 def parse_args(argv: Sequence[str]) -> Options:
-    """``key=value`` tokens -> ``Options``; an unknown key, a token without ``=`` or a missing group raises
-    ``DashboardError`` (exit status 2) naming it."""
-    values: dict[str, str] = {}
-    for token in argv:
-        key, sep, value = token.partition("=")
-        key = key.strip().removeprefix("--")
-        if not sep:
-            raise DashboardError(f"argument {token!r} is not key=value\n{USAGE}", 2)
-        if key not in OPTIONS:
-            raise DashboardError(f"unknown option {key!r} (known: {', '.join(OPTIONS)})\n{USAGE}", 2)
-        if key in values:
-            raise DashboardError(f"option {key!r} given twice", 2)
-        values[key] = value.strip()
+    """``key=value`` tokens (:mod:`mlmlab.cli`, like every entry point) -> ``Options``; an unknown key, a token without
+    ``=`` or a missing group raises ``DashboardError`` (exit status 2) naming it."""
+    from mlmlab.cli import Opt, UsageError, parse
+
+    spec = {k: Opt(OPTION_HELP[k], many=k == "axes") for k in OPTIONS}  # values checked below, own messages
+    try:
+        values = {k: ",".join(v) if isinstance(v, list) else v.strip()
+                  for k, v in vars(parse(argv, spec, "python -m mlmlab.dashboard")).items() if v is not None}
+    except UsageError as e:
+        raise DashboardError(str(e), 2) from None
     if not values.get("group"):
         raise DashboardError(f"group=<sweep> is required (the W&B group of the sweep's runs)\n{USAGE}", 2)
     for key in ("entity", "project", "name"):

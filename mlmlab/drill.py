@@ -1,4 +1,4 @@
-"""Fault drills behind the README's "Reliability" figures: ``python -m mlmlab.drill <what> [options]``.
+"""Fault drills behind the README's "Reliability" figures: ``python -m mlmlab.drill <what> [key=value ...]``.
 
 - ``resume``: one uninterrupted run, then the same run SIGKILLed at random steps and resumed, again and again, until it
   finishes; prints whether the final parameters and the per-step loss log equal the uninterrupted run's.
@@ -11,7 +11,6 @@ Every job is the tiny ``debug=fast`` configuration on the built-in corpus (no do
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -22,6 +21,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from mlmlab.cli import Opt, usage
+from mlmlab.cli import run as cli_run
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ["debug=fast", "logger=none", "downstream=none", "data.n_docs=200", "trainer.log_every_n_steps=1"]
@@ -135,30 +137,38 @@ def drill_verify(a) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="what", required=True)
-    r = sub.add_parser("resume")
-    r.add_argument("--runs", type=int, default=3)
-    r.add_argument("--steps", type=int, default=30)
-    r.add_argument("--every", type=int, default=3)
-    s = sub.add_parser("sweep")
-    s.add_argument("--jobs", type=int, default=4)
-    s.add_argument("--steps", type=int, default=40)
-    s.add_argument("--kills", type=int, default=2)
-    s.add_argument("--min-s", type=float, default=8.0)
-    s.add_argument("--max-s", type=float, default=25.0)
-    c = sub.add_parser("cache")
-    c.add_argument("--jobs", type=int, default=4)
-    c.add_argument("--docs", type=int, default=3000)
-    v = sub.add_parser("verify")
-    v.add_argument("--mib", type=int, default=1024)
-    for p in (r, s, c, v):
-        p.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args(argv)
-    result = {"resume": drill_resume, "sweep": drill_sweep, "cache": drill_cache, "verify": drill_verify}[a.what](a)
-    print(json.dumps(result, indent=1))
+DRILLS = {
+    "resume": {"runs": Opt("runs to kill and resume", 3, int), "steps": Opt("steps per run", 30, int),
+               "every": Opt("checkpoint every N steps", 3, int)},
+    "sweep": {"jobs": Opt("jobs in the multirun", 4, int), "steps": Opt("steps per job", 40, int),
+              "kills": Opt("SIGKILLs of the whole multirun", 2, int),
+              "min_s": Opt("earliest kill, seconds after a start", 8.0, float),
+              "max_s": Opt("latest kill, seconds after a start", 25.0, float)},
+    "cache": {"jobs": Opt("jobs started together", 4, int), "docs": Opt("built-in corpus documents", 3000, int)},
+    "verify": {"mib": Opt("size of the cache entry to verify, MiB", 1024, int)},
+}
+PROG = "python -m mlmlab.drill"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mlmlab.drill <resume|sweep|cache|verify> [key=value ...]`` (:mod:`mlmlab.cli`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    what = argv[0] if argv and "=" not in argv[0] else None
+    if what in ("help", "-h", "--help") or what is None:
+        print(__doc__.split("\n\n")[0] + "\n\n" + "\n".join(usage(f"{PROG} {w}", o) for w, o in DRILLS.items()))
+        return 0 if what else 2
+    if what not in DRILLS:
+        print(f"{PROG}: {what!r} is not a drill; allowed: {', '.join(DRILLS)}", file=sys.stderr)
+        return 2
+    opts = {**DRILLS[what], "seed": Opt("random seed of the kill times", 0, int)}
+    fn = {"resume": drill_resume, "sweep": drill_sweep, "cache": drill_cache, "verify": drill_verify}[what]
+
+    def body(a) -> int:
+        print(json.dumps(fn(a), indent=1))
+        return 0
+
+    return cli_run(body, argv[1:], opts, f"{PROG} {what}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import torch
 
+from mlmlab.cli import Opt
+from mlmlab.cli import run as cli_run
 from mlmlab.errors import ConfigError
 
 HF_NORMS = ("post", "pre")
-USAGE = "usage: python -m mlmlab.export checkpoint=<path/to/last.ckpt> out=<dir>"
 
 
 def _norm(encoder_cfg: dict) -> str:
@@ -141,14 +142,18 @@ def export(checkpoint: str, out: str) -> Path:
     return out_dir
 
 
+OPTIONS = {"checkpoint": Opt("a pretraining checkpoint (<run>/checkpoints/last.ckpt)", required=True),
+           "out": Opt("the Hugging Face directory to write", required=True)}
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = dict(a.split("=", 1) for a in (sys.argv[1:] if argv is None else argv) if "=" in a)
-    bad = [a for a in (sys.argv[1:] if argv is None else argv) if "=" not in a]
-    if bad or set(args) != {"checkpoint", "out"}:
-        print(USAGE, file=sys.stderr)
-        return 2
+    """``key=value`` arguments like every entry point (:mod:`mlmlab.cli`)."""
+    return cli_run(_main, argv, OPTIONS, "python -m mlmlab.export")
+
+
+def _main(args) -> int:
     try:
-        path = export(args["checkpoint"], args["out"])
+        path = export(args.checkpoint, args.out)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

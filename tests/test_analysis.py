@@ -98,16 +98,16 @@ def test_history_curves(tiny_sweep):
 
 def test_cli_prints_the_table_and_writes_csv_and_png(tiny_sweep, tmp_path, capsys):
     csv, png = tmp_path / "t.csv", tmp_path / "t.png"
-    rc = A.main([str(tiny_sweep), "--by", "mask.rate", "--baseline", "0.15", "--csv", str(csv), "--png", str(png)])
+    rc = A.main([str(tiny_sweep), "by=mask.rate", "baseline=0.15", f"csv={csv}", f"png={png}"])
     out = capsys.readouterr().out
     assert rc == 0 and "4 runs" in out and "paired on seed" in out
     t = pd.read_csv(csv, index_col=0)
     assert list(t.index) == [0.15, 0.4] and (t["n"] == 2).all()
     assert pd.read_csv(csv.with_suffix(".compare.csv"), index_col=0).loc[0.4, "n"] == 2
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert A.main([str(tmp_path / "missing"), "--by", "mask.rate"]) == 2
+    assert A.main([str(tmp_path / "missing"), "by=mask.rate"]) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert A.main([str(tiny_sweep), "--by", "mask.rat"]) == 2
+    assert A.main([str(tiny_sweep), "by=mask.rat"]) == 2
     assert "no column" in capsys.readouterr().err
 
 

@@ -161,7 +161,7 @@ def test_parse_args():
     (["entity=e", "project=p"], "group=<sweep> is required"),
     (["group=g", "mask.rate"], "'mask.rate' is not key=value"),
     (["group=g", "report=maybe"], "report='maybe'"),
-    (["group=g", "axes=[]"], "axes='[]'"),
+    (["group=g", "axes=[]"], "axes=[]: the list is empty"),
     (["group=it's"], "group=\"it's\""),
 ])
 def test_bad_arguments_name_the_key(argv, named, capsys):
@@ -191,7 +191,7 @@ def test_cli_offline_fails_fast_with_a_clear_message():
 
 def test_cli_unknown_key_exits_2():
     p = run_cli("entity=x", "group=z", "colour=red", WANDB_MODE="offline")
-    assert p.returncode == 2 and "unknown option 'colour'" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 2 and "unknown key 'colour'" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_cli_unreachable_server_fails_fast(tmp_path):

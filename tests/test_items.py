@@ -42,5 +42,5 @@ def test_a_job_writes_per_item_predictions_that_pair_its_two_arms(cfg_factory, t
     t = compare_items(pre, rnd)
     assert t.loc[("builtin_sentiment", "finetune"), "diff"] == pytest.approx(m["gain/builtin_sentiment/acc"])
     assert "predictions" not in json.loads((out / "results.json").read_text())["downstream"]["builtin_sentiment"]
-    assert analysis_main([str(out), "--items-vs", f"{out}:random_init"]) == 0
+    assert analysis_main([str(out), f"items_vs={out}:random_init"]) == 0
     assert "per-item comparison" in capsys.readouterr().out

@@ -27,9 +27,9 @@ def test_label_budget_curve_in_a_job_and_in_the_analysis(cfg_factory, tmp_path, 
     gain = label_budget_curve(load_runs(out), "builtin_sentiment", prefix="gain")
     assert gain.loc[16, "mean"] == pytest.approx(m["gain/builtin_sentiment@16/acc"])
     png = tmp_path / "curve.png"
-    assert analysis_main([str(out), "--by", "seed", "--label-budget", "builtin_sentiment", "--png", str(png)]) == 0
+    assert analysis_main([str(out), "by=seed", "label_budget=builtin_sentiment", f"png={png}"]) == 0
     assert png.stat().st_size > 0 and "by label budget" in capsys.readouterr().out
-    assert analysis_main([str(out), "--label-budget", "builtin_sentiment", "--prefix", "gain"]) == 0  # no --by
+    assert analysis_main([str(out), "label_budget=builtin_sentiment", "prefix=gain"]) == 0  # no by=
 
 
 @pytest.mark.parametrize("value", ["[]", "[0,10]", "[10,10]", "0"])

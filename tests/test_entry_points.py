@@ -1,0 +1,52 @@
+"""One argument style for every ``python -m mlmlab.<entry point>``: ``key=value`` (mlmlab/cli.py for the tools,
+Hydra for train and finetune), with the same errors: the key named, the allowed ones listed, exit status 2."""
+
+import pytest
+
+from mlmlab import analysis, dashboard, drill, export
+from mlmlab.cli import BOOL, Opt, UsageError, parse
+
+OPTS = {"source": Opt("where", required=True), "by": Opt("columns", many=True), "n": Opt("count", 3, int),
+        "kind": Opt("which", "a", choices=("a", "b")), "flag": Opt("on/off", False, BOOL)}
+
+
+def test_values_lists_defaults_and_a_leading_bare_value():
+    a = parse(["runs/x", "by=[mask.rate, mask.unit]", "n=5", "flag=true"], OPTS, "prog", positional="source")
+    assert (a.source, a.by, a.n, a.kind, a.flag) == ("runs/x", ["mask.rate", "mask.unit"], 5, "a", True)
+    a = parse(["source=runs/y", "by=mask.rate"], OPTS, "prog", positional="source")
+    assert (a.source, a.by, a.n) == ("runs/y", ["mask.rate"], 3)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["runs/x", "colour=red"], "unknown key 'colour'; allowed: source, by, n, kind, flag"),
+    (["runs/x", "n=many"], "n=many: 'many' is not a valid int"),
+    (["runs/x", "kind=c"], "kind='c' is not known; allowed: a, b"),
+    (["runs/x", "flag=maybe"], "flag=maybe"),
+    (["runs/x", "n=1", "n=2"], "n is given twice"),
+    (["runs/x", "by=[]"], "by=[]: the list is empty"),
+    (["runs/x", "n=[1,2]"], "n=[1,2]: one value expected"),
+    (["by=mask.rate"], "source required"),
+    (["runs/x", "stray"], "argument 'stray' is not key=value"),
+])
+def test_bad_arguments_name_the_key(argv, message):
+    with pytest.raises(UsageError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        parse(argv, OPTS, "prog", positional="source")
+
+
+@pytest.mark.parametrize("main, argv", [
+    (analysis.main, ["runs/x", "bye=mask.rate"]),
+    (export.main, ["checkpoint=x.ckpt", "out=o", "outt=p"]),
+    (dashboard.main, ["group=g", "colour=red"]),
+    (drill.main, ["verify", "mb=1"]),
+])
+def test_every_tool_rejects_an_unknown_key_the_same_way(main, argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    bad = argv[-1].split("=")[0]
+    assert f"unknown key '{bad}'; allowed:" in err and "Traceback" not in err
+
+
+def test_help_prints_the_usage(capsys):
+    with pytest.raises(SystemExit) as e:
+        analysis.main(["help"])
+    assert e.value.code == 0 and "label_budget=" in capsys.readouterr().out
