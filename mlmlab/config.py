@@ -16,15 +16,15 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from mlmlab.errors import ConfigError  # noqa: F401  (re-exported: mlmlab.config.ConfigError)
+from mlmlab.masking.masker import COUNT_RULES  # the allowed values are the components' own, defined once
+from mlmlab.masking.masker import UNITS as MASK_UNITS
+from mlmlab.models.electra import SAMPLINGS
 
 DATA_NAMES = ("builtin", "text_files", "hub", "imdb", "wikitext2", "wikitext103", "zh", "finance", "medical",
               "finance_mix", "medical_mix")  # all but builtin: text files (one source or a data.mix) or a hub data set
 DATA_SOURCES = ("auto", "local", "hub")
 OBJECTIVES = ("mlm", "electra", "clm", "none")
 ELECTRA_KEYS = ("generator_size", "generator_layers", "disc_weight", "temperature", "sampling")
-SAMPLINGS = ("gumbel", "multinomial")
-MASK_UNITS = ("token", "word", "span")
-COUNT_RULES = ("bernoulli", "exact", "prob_round")
 LR_SCHEDULES = ("linear", "cosine", "constant")
 DOC_SEPS = ("line", "blank_line")
 WANDB_MODES = ("offline", "online", "disabled")
@@ -78,21 +78,25 @@ class TokenizerConfig:
     word_segmenter: str = "none"  # none | jieba (Chinese word boundaries for whole-word masking)
 
 
-@dataclass
-class ModelConfig:
-    name: str = "small"
-    hidden_size: int = 256
-    num_layers: int = 4
-    num_heads: int = 4
-    intermediate_size: int = 1024
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    dropout: float = 0.1
-    attention_dropout: float = 0.1
-    layer_norm_eps: float = 1e-12
-    initializer_range: float = 0.02
-    norm: str = "post"  # post (BERT; exact BertForMaskedLM parity) | pre (pre-LN blocks + a final LayerNorm)
-    grad_checkpointing: bool = False  # recompute each layer's activations in backward: less memory, ~1/3 more compute
+def _model_schema():
+    """``model.*``: the encoder's own fields (mlmlab.models.encoder.EncoderConfig, where their defaults live) without
+    the two the job sets itself (``vocab_size`` from the tokenizer, ``causal`` from the objective), plus the preset's
+    name. Built from EncoderConfig so that a new encoder option is one field in one place."""
+    import typing
+    from dataclasses import MISSING as NO_DEFAULT
+    from dataclasses import fields, make_dataclass
+
+    from mlmlab.models.encoder import EncoderConfig
+
+    hints = typing.get_type_hints(EncoderConfig)
+    own = [(f.name, hints[f.name], field(default=f.default)) for f in fields(EncoderConfig)
+           if f.name not in ("vocab_size", "causal") and f.default is not NO_DEFAULT]
+    cls = make_dataclass("ModelConfig", [("name", str, field(default="small")), *own])
+    cls.__module__ = __name__
+    return cls
+
+
+ModelConfig = _model_schema()
 
 
 @dataclass

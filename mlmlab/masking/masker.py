@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-IGNORE_INDEX = -100
+from mlmlab.models.encoder import IGNORE_INDEX  # the loss's ignore label, defined once
+
 NOT_SELECTED, MASKED, RANDOM, KEPT, PREDICT_ONLY = 0, 1, 2, 3, 4
 UNITS = ("token", "word", "span")
 COUNT_RULES = ("bernoulli", "exact", "prob_round")
