@@ -154,6 +154,19 @@ def _flatten(d, prefix: str = "") -> dict:
     return out
 
 
+# what may differ between a finished run and a rerun that skips it (skip_completed=true)
+COMPLETED_FREE = ("paths", "skip_completed", "resume")
+
+
+def config_diff(before: dict | None, now: dict, free: tuple[str, ...]) -> list[tuple[str, object, object]]:
+    """The dotted keys whose values differ between two resolved configs, leaving out the ``free`` keys and everything
+    under them: ``[(key, before, now)]``. The one comparison behind resume (``RESUME_FREE``) and skip_completed
+    (``COMPLETED_FREE``)."""
+    is_free = lambda k: any(k == f or k.startswith(f + ".") for f in free)  # noqa: E731
+    a, b = _flatten(before), _flatten(now)
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if not is_free(k) and a.get(k) != b.get(k)]
+
+
 def check_resume(resume: str, config: dict) -> Path:
     """The checkpoint ``resume=`` names, after checking it is a pretraining checkpoint of this same config (ConfigError
     naming ``resume`` and the keys that differ otherwise: an exact resume cannot change the run it continues)."""
@@ -167,12 +180,10 @@ def check_resume(resume: str, config: dict) -> Path:
     before = ((ckpt.get("mlmlab") or {}).get("config")) if isinstance(ckpt, dict) else None
     if before is None:
         raise ConfigError(f"resume={resume!r}: {path} is not an mlmlab pretraining checkpoint")
-    free = lambda k: any(k == f or k.startswith(f + ".") for f in RESUME_FREE)  # noqa: E731
-    a, b = _flatten(before), _flatten(config)
-    changed = sorted(k for k in set(a) | set(b) if not free(k) and a.get(k) != b.get(k))
+    changed = config_diff(before, config, RESUME_FREE)
     if changed:
         raise ConfigError(f"resume={resume!r}: the checkpoint was made with a different config ("
-                          + ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in changed[:8])
+                          + ", ".join(f"{k}: {x!r} -> {y!r}" for k, x, y in changed[:8])
                           + (" ..." if len(changed) > 8 else "") + "); resume with the same overrides")
     log.info("resuming from %s (global step %s)", path, ckpt.get("global_step"))
     return path

@@ -149,12 +149,12 @@ def completed_metrics(cfg: DictConfig) -> dict[str, float] | None:
     if r.get("status") != "ok" or "downstream/score" not in (r.get("metrics") or {}):
         log.info("skip_completed: %s is %s; running the job again", path, r.get("status"))
         return None
-    ignore = ("paths", "skip_completed", "resume")
-    before = {k: v for k, v in (r.get("config") or {}).items() if k not in ignore}
-    changed = sorted(k for k in set(before) | set(now) if k not in ignore and before.get(k) != now.get(k))
+    from mlmlab.checkpoint import COMPLETED_FREE, config_diff
+
+    changed = config_diff(r.get("config"), now, COMPLETED_FREE)
     if changed:
         log.warning("skip_completed: %s was run with a different config (%s differ); running the job again", path,
-                    ", ".join(changed))
+                    ", ".join(k for k, _, _ in changed))
         return None
     log.info("skip_completed: %s is complete; not running this job again", path)
     return r["metrics"]

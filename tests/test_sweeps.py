@@ -167,7 +167,7 @@ def test_skip_completed_reruns_a_job_whose_config_changed(tmp_path, cache_dir):
     assert run_cli(args, cache_dir).returncode == 0
     first = json.loads((out / "results.json").read_text())["finished_at"]
     p = run_cli([*args, "trainer.max_steps=10"], cache_dir)
-    assert p.returncode == 0 and "different config (trainer differ)" in p.stdout + p.stderr
+    assert p.returncode == 0 and "different config (trainer.max_steps differ)" in p.stdout + p.stderr
     r = json.loads((out / "results.json").read_text())
     assert r["finished_at"] != first and r["config"]["trainer"]["max_steps"] == 10
 
