@@ -63,14 +63,18 @@ def run_cli(args: list[str], cache: Path, timeout: int = 600, module: str = "mlm
                           text=True, timeout=timeout)
 
 
+# the shared test sweep: 2 rates x 2 seeds, with 2 label budgets and probe curves (the notebook's panels)
+TINY_SWEEP = ["-m", "+sweep=wettig_rates", "mask.rate=0.15,0.4", "mask=bert", "seed=0,1", "debug=fast",
+              "downstream.max_train_examples=[16,32]", "eval.zeroshot_every_n_steps=10"]
+
+
 @pytest.fixture(scope="session")
 def tiny_sweep(tmp_path_factory, cache_dir) -> Path:
     """A real 2 rates x 2 seeds multirun of the wettig_rates sweep on the built-in corpus, through the core-splitting
     joblib launcher preset (2 parallel jobs), with 2 label budgets and probe curves every 10 steps; shared by the sweep,
     analysis and notebook tests."""
     sweep = tmp_path_factory.mktemp("tiny_sweep") / "wettig"
-    p = run_cli(["-m", "+sweep=wettig_rates", "mask.rate=0.15,0.4", "mask=bert", "seed=0,1", "debug=fast",
-                 "downstream.max_train_examples=[16,32]", "eval.zeroshot_every_n_steps=10",  # the notebook's panels
-                 "hydra/launcher=cores", f"hydra.sweep.dir={sweep}"], cache_dir)  # joblib, 2 jobs x cores/2 threads
+    p = run_cli([*TINY_SWEEP, "hydra/launcher=cores", f"hydra.sweep.dir={sweep}"], cache_dir)  # joblib, 2 jobs x
+    # cores/2 threads each
     assert p.returncode == 0, p.stderr[-3000:]
     return sweep

@@ -51,7 +51,7 @@ def test_load_runs_from_results_and_offline_wandb_agree(tiny_sweep):
     wb = A.load_runs(tiny_sweep, source_kind="wandb").sort_values("run_dir").reset_index(drop=True)
     assert len(local) == len(wb) == 4 and list(local["run_dir"]) == list(wb["run_dir"])
     for col in ("mask.rate", "seed", "mask.replace.random", "model.hidden_size", "downstream/score",
-                "val/mlm_loss_r15", "train/selected_frac", "downstream/builtin_sentiment/acc"):
+                "val/mlm_loss_r15", "train/selected_frac", "downstream/builtin_sentiment@32/acc"):
         assert list(local[col]) == pytest.approx(list(wb[col])), col
     assert local.attrs["n_skipped"] == 0 and set(wb["wandb.group"]) == {"wettig_rates"}
     agg = A.aggregate(local, by="mask.rate", metric="train/selected_frac")

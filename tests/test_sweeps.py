@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import CONF_DIR, ROOT, SHARED, run_cli
+from conftest import CONF_DIR, ROOT, SHARED, TINY_SWEEP, run_cli
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
@@ -149,8 +149,7 @@ def test_joblib_multirun_and_skip_completed(tiny_sweep, cache_dir):
     (jobs_again[1] / "results.json").write_text(text[: len(text) // 2])
     r = json.loads((jobs_again[2] / "results.json").read_text())
     (jobs_again[2] / "results.json").write_text(json.dumps({**r, "status": "failed"}))
-    p = run_cli(["-m", "+sweep=wettig_rates", "mask.rate=0.15,0.4", "mask=bert", "seed=0,1", "debug=fast",
-                 f"hydra.sweep.dir={again}"], cache_dir)
+    p = run_cli([*TINY_SWEEP, f"hydra.sweep.dir={again}"], cache_dir)
     assert p.returncode == 0, p.stderr[-3000:]
     skipped = re.findall(r"skip_completed: (.*)/results.json is complete", p.stderr + p.stdout)
     assert [Path(s).name for s in skipped] == [jobs_again[3].name]
