@@ -529,7 +529,9 @@ def pretrain(cfg: DictConfig, out_dir: Path, record, trainer, module, dm, guard,
             raise
     if curve is not None:
         record.set(curves=curve.rows)
-    speed = next((c for c in trainer.callbacks if type(c).__name__ == "Throughput"), None)
+    from mlmlab.lit.calibrate import Throughput
+
+    speed = next((c for c in trainer.callbacks if isinstance(c, Throughput)), None)
     if speed is not None:  # the job's own tokens/s (benchmarks/bench_e2e.py compares it with bench_step's)
         d, t = cfg.data, cfg.trainer
         record.set(throughput=speed.record(d.batch_size * d.max_seq_len * t.accumulate_grad_batches

@@ -331,9 +331,6 @@ class MaskingRecipe:
         return cls(masker, schedule, tuple(int(i) for i in special_ids), bool(mask["dynamic"]),
                    int(mask["static_copies"]))
 
-    def rate(self, step: int, max_steps: int) -> float:
-        return float(self.schedule(step, max_steps))
-
 
 def telemetry(original: torch.Tensor, special_tokens_mask: torch.Tensor, out: MaskedBatch) -> dict[str, torch.Tensor]:
     """Realized corruption of one batch: what was actually done, to compare with what was asked for."""
