@@ -82,6 +82,9 @@ def e2e(p: dict) -> str:
            f"{r['metrics']['downstream/score']:.3f}"]
     head = ["wall s", "startup s", "data s", "pretrain s", "eval s", "downstream s", "other s", "peak RSS MiB",
             "downstream/score"]
+    if r.get("job_over_step") is not None:  # the job's training tokens/s against bench_step's at its shape
+        row += [f"{r['job_tokens_per_s']:,.0f}", f"{r['step']['tokens_per_s']:,.0f}", f"{r['job_over_step']:.3f}"]
+        head += ["job tokens/s", "step tokens/s", "job_over_step"]
     return md([row], head)
 
 

@@ -1,0 +1,311 @@
+"""The measured tables of README.md and docs/*.md, generated from the files that measured them (nothing typed by hand).
+
+A generated table sits in a Markdown file between two comments::
+
+    <!-- table: real_en_budget -->
+    | ... |
+    <!-- /table -->
+
+and ``docs/results/tables.yaml`` says what each name is made of: rows of run records (a job's ``results.json``, copied
+into ``docs/results/`` when its numbers are reported), a sweep compared arm against arm (:func:`mlmlab.analysis.compare`,
+paired on the pretraining seed), or one of the benchmark tables of ``benchmarks/report.py`` (``benchmarks/results``)::
+
+    python -m mlmlab.report               # rewrite every generated block of README.md and docs/*.md
+    python -m mlmlab.report check=true    # exit 1, naming the block, where a file differs from what its data says
+
+The test suite runs the check, so a table cannot drift from its data, and a number edited by hand fails it.
+A repo-level tool (it reads the repo's docs and benchmarks), so it takes the repo root (default: the current
+directory, or ``root=``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from mlmlab.cli import BOOL, Opt
+from mlmlab.cli import run as cli_run
+
+PROG = "python -m mlmlab.report"
+SPEC = Path("docs/results/tables.yaml")
+DOCS = ("README.md", "docs/*.md")
+BLOCK = re.compile(r"(<!-- table: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
+
+
+class ReportError(ValueError):
+    """A table spec that names a missing file, an unknown kind or a metric its runs do not have."""
+
+
+# ----------------------------------------------------------------------------------------------------------- values
+def _get(record: dict, key: str):
+    """``metric:<key>`` (metrics are keyed with slashes) or a dotted path into the record (``budget.steps``)."""
+    if key.startswith("metric:"):
+        m = record.get("metrics") or {}
+        name = key[len("metric:"):]
+        if name not in m:
+            raise ReportError(f"metric {name!r} is not in the run's metrics")
+        return m[name]
+    cur = record
+    for part in key.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            raise ReportError(f"{key!r} is not in the run record")
+        cur = cur[part]
+    return cur
+
+
+def _seeds(record: dict, prefix: str, task: str, metric: str) -> dict[str, float]:
+    pat = re.compile(rf"{re.escape(prefix)}/{re.escape(task)}/seed_(\w+)/{re.escape(metric)}")
+    out = {m.group(1): v for k, v in (record.get("metrics") or {}).items() if (m := pat.fullmatch(k))}
+    if not out:
+        raise ReportError(f"no {prefix}/{task}/seed_<s>/{metric} in the run's metrics")
+    return out
+
+
+def _mean_ci(values: Sequence[float]) -> tuple[float, float]:
+    from mlmlab.analysis import t_ci
+
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else float("nan")
+    return mean, t_ci(std, n)
+
+
+def _paired(a: dict[str, float], b: dict[str, float]) -> tuple[float, float, float, int]:
+    """Mean of a - b over the seeds both have, its t CI half-width, the paired t-test p-value, n."""
+    from scipy import stats
+
+    common = sorted(set(a) & set(b))
+    if len(common) < 2:
+        raise ReportError(f"fewer than 2 shared fine-tuning seeds to pair ({common})")
+    d = [a[s] - b[s] for s in common]
+    mean, ci = _mean_ci(d)
+    p = float(stats.ttest_rel([a[s] for s in common], [b[s] for s in common]).pvalue)
+    return mean, ci, p, len(common)
+
+
+def _fmt(v, fmt: str) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if fmt == "p":
+        return f"{v:.2g}" if v >= 0.001 else f"{v:.1e}"
+    if fmt == "int":
+        return f"{int(v):,}"
+    if fmt == "millions":
+        return f"{v / 1e6:.1f}M"
+    return format(v, fmt)
+
+
+# ------------------------------------------------------------------------------------------------------------ kinds
+def _runs_table(spec: dict, base: Path) -> str:
+    """Rows of run records; each column one of: ``key`` (a value, ``fmt``), ``ci`` (a task score over fine-tuning seeds,
+    mean ± 95% t CI), ``gain`` (pretrained minus random init paired by fine-tuning seed, in points ± CI; ``p`` for its
+    p-value), ``steps_tokens``. A row's ``baseline`` names another record whose random-init arm it pairs with (a job
+    run with ``downstream.random_init_baseline=false``); a row's fields fill ``{...}`` in a column's keys (a key left
+    empty, ``metric:``, prints ``-``); ``stat: std`` gives ± the std over fine-tuning seeds instead of the CI."""
+    heads = [c["head"] for c in spec["columns"]]
+    rows = []
+    for row in spec["rows"]:
+        rec = _load(base / row["run"])
+        other = _load(base / row["baseline"]) if row.get("baseline") else rec
+        cells = []
+        for col in spec["columns"]:
+            kind = col.get("kind", "key")
+            try:
+                cells.append(_cell(kind, col, row, rec, other))
+            except ReportError as e:
+                raise ReportError(f"{row['run']}, column {col['head']!r}: {e}") from None
+        rows.append(cells)
+    return _md(heads, rows)
+
+
+def _cell(kind: str, col: dict, row: dict, rec: dict, other: dict) -> str:
+    fill = {k: v for k, v in row.items() if isinstance(v, str)}
+    if kind == "label":
+        return row["label"]
+    if kind == "key":
+        key = col["key"].format(**fill)
+        return "-" if key.endswith(":") else _fmt(_get(rec, key), col.get("fmt", ""))  # a row may leave a key empty
+    if kind == "steps_tokens":
+        b = rec.get("budget") or {}
+        return f"{b['steps']:,} ({b['tokens'] / 1e6:.1f}M)"
+    task, metric = col["task"].format(**fill), col.get("metric", "acc")
+    if kind == "ci":
+        arm = col.get("arm", "downstream").format(**fill)
+        src = other if arm == "random_init" else rec
+        values = list(_seeds(src, arm, task, metric).values())
+        mean, ci = _mean_ci(values)
+        mean = (src.get("metrics") or {}).get(f"{arm}/{task}/{metric}", mean)  # the job's own mean where it logged one
+        if col.get("stat") == "std":  # the spread of the fine-tuning seeds rather than the CI of their mean
+            ci = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else math.nan
+        return f"{mean:.3f} ± {ci:.3f}"
+    if kind in ("gain", "p"):
+        mean, ci, p, _ = _paired(_seeds(rec, "downstream", task, metric), _seeds(other, "random_init", task, metric))
+        if kind == "p":
+            return _fmt(p, "p")
+        text = f"{100 * mean:+.1f} ± {100 * ci:.1f}"
+        return f"**{text}**" if mean - ci > 0 else text  # bold: the CI excludes 0 in favour of pretraining
+    raise ReportError(f"column kind {kind!r} is not known; allowed: label, key, steps_tokens, ci, gain, p")
+
+
+def _compare_table(spec: dict, base: Path) -> str:
+    """A sweep's arms against its baseline arm, one row per (arm, metric): baseline and arm means over pretraining
+    seeds, the paired difference with its 95% t CI, p (paired t-test), n pairs, and the minimal detectable difference
+    at 80% power (two-sided 5% paired t-test with this n and the observed std of the differences)."""
+    from mlmlab.analysis import compare, load_runs
+
+    df = load_runs(base / spec["source"], source_kind="results")
+    by, baseline = spec["by"], spec["baseline"]
+    rows = []
+    for m in spec["metrics"]:
+        key, label, scale = m["key"], m.get("label", m["key"]), float(m.get("scale", 1))
+        if key not in df.columns:
+            raise ReportError(f"{spec['source']}: no metric {key!r} in its runs")
+        t = compare(df, by, baseline, key)
+        for value, r in t.iterrows():
+            fmt = m.get("fmt", ".3f")
+            diff = f"{scale * r['diff']:+.{_digits(fmt)}f} ± {scale * r['diff_ci95']:.{_digits(fmt)}f}"
+            mdd = _mdd(r["diff_std"], int(r["n"])) * scale
+            rows.append([label, f"{baseline} → {value}", _fmt(scale * r["baseline"], fmt),
+                         _fmt(scale * r["mean"], fmt), diff, _fmt(r["p_value"], "p"), str(int(r["n"])),
+                         _fmt(mdd, f".{_digits(fmt)}f")])
+    return _md(["metric", f"`{by}`", "baseline", "arm", "arm - baseline (95% CI)", "p", "pairs",
+                "min. detectable (80% power)"], rows)
+
+
+def _digits(fmt: str) -> int:
+    m = re.search(r"\.(\d+)f", fmt)
+    return int(m.group(1)) if m else 3
+
+
+def _mdd(std: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Smallest true mean difference a two-sided paired t-test of ``n`` pairs detects with ``power``, given the std of
+    the differences (the noncentral-t approximation (t_{1-a/2} + t_{power}) * std / sqrt(n))."""
+    from scipy import stats
+
+    if n < 2 or not math.isfinite(std):
+        return float("nan")
+    return float((stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * std / math.sqrt(n))
+
+
+def _bench_table(spec: dict, root: Path) -> str:
+    """One of ``benchmarks/report.py``'s tables (``bench: masking|step|data|e2e``) from ``benchmarks/results``, with the
+    line saying where it was measured."""
+    bench_dir = root / "benchmarks"
+    name = spec["bench"]
+    if name not in ("masking", "step", "data", "e2e"):
+        raise ReportError(f"bench: {name!r} is not known; allowed: masking, step, data, e2e")
+    sys.path.insert(0, str(bench_dir))  # report.py imports its sibling _common
+    try:
+        mod_spec = importlib.util.spec_from_file_location("mlmlab_bench_report", bench_dir / "report.py")
+        mod = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(bench_dir))
+    p = mod.load(bench_dir / "results", spec.get("file", f"bench_{name}"))
+    if p is None:
+        raise ReportError(f"benchmarks/results/{spec.get('file', f'bench_{name}')}.json does not exist")
+    return f"{getattr(mod, name)(p)}\n\nMeasured on: {mod.where(p)}"
+
+
+KINDS = {"runs": _runs_table, "compare": _compare_table, "bench": None}
+
+
+# --------------------------------------------------------------------------------------------------------- plumbing
+def _load(path: Path) -> dict:
+    if not path.is_file():
+        raise ReportError(f"{path} does not exist")
+    return json.loads(path.read_text())
+
+
+def _md(head: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    return "\n".join(out + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def load_spec(root: Path) -> dict:
+    import yaml
+
+    path = root / SPEC
+    if not path.is_file():
+        raise ReportError(f"{path} does not exist (run from the repo root, or give root=)")
+    spec = yaml.safe_load(path.read_text()) or {}
+    for name, t in spec.items():
+        if t.get("kind") not in KINDS:
+            raise ReportError(f"{SPEC}: table {name!r} has kind={t.get('kind')!r}; allowed: {', '.join(KINDS)}")
+    return spec
+
+
+def render(name: str, spec: dict, root: Path) -> str:
+    t = spec[name]
+    base = root / SPEC.parent
+    try:
+        if t["kind"] == "bench":
+            body = _bench_table(t, root)
+        else:
+            body = KINDS[t["kind"]](t, base)
+    except (KeyError, ReportError) as e:
+        raise ReportError(f"table {name!r}: {e}") from None
+    return body + ("\n\n" + t["note"].strip() if t.get("note") else "")
+
+
+def update(root: Path, check: bool = False) -> list[str]:
+    """Rewrite (or, with ``check``, compare) every generated block; returns the ``file: block`` names that changed
+    (or differ). A block whose name has no spec is an error, and so is a spec no file uses."""
+    spec = load_spec(root)
+    used, changed = set(), []
+    files = sorted({p for pat in DOCS for p in root.glob(pat)})
+    for path in files:
+        text, rel = path.read_text(), path.relative_to(root)
+
+        def sub(m: re.Match, rel: Path = rel) -> str:
+            name = m.group("name")
+            if name not in spec:
+                raise ReportError(f"{rel}: block {name!r} has no entry in {SPEC}")
+            used.add(name)
+            body = render(name, spec, root) + "\n"
+            if body != m.group("body"):
+                changed.append(f"{rel}: {name}")
+            return m.group(1) + body + m.group(4)
+
+        new = BLOCK.sub(sub, text)
+        if new != text and not check:
+            path.write_text(new)
+    unused = sorted(set(spec) - used)
+    if unused:
+        raise ReportError(f"{SPEC}: no file has a block for {', '.join(unused)}")
+    return changed
+
+
+OPTIONS = {
+    "check": Opt("compare only: exit 1 when a block differs from its data", False, BOOL),
+    "root": Opt("the repo root (README.md, docs/, benchmarks/)", "."),
+}
+
+
+def _main(a) -> int:
+    root = Path(a.root)
+    try:
+        changed = update(root, check=a.check)
+    except ReportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for c in changed:
+        print(("differs from its data: " if a.check else "rewrote: ") + c)
+    if a.check and changed:
+        print(f"run `{PROG}` to regenerate", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Regenerate (or check) the generated tables (``key=value`` arguments, :mod:`mlmlab.cli`)."""
+    return cli_run(_main, argv, OPTIONS, PROG)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""The generated tables (mlmlab.report): the repo's README/docs match their data, and a hand edit or a stale block fails."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from scipy import stats
+
+from mlmlab import report
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_repo_tables_match_their_data():
+    """Every generated block of README.md and docs/*.md is what its results.json / benchmark JSON files say."""
+    assert report.update(ROOT, check=True) == []
+
+
+def _record(seeds_pre: list[float], seeds_ri: list[float]) -> dict:
+    m = {"val/mlm_loss_r15": 4.25}
+    for i, (a, b) in enumerate(zip(seeds_pre, seeds_ri)):
+        m[f"downstream/t/seed_{i}/acc"] = a
+        m[f"random_init/t/seed_{i}/acc"] = b
+    return {"status": "ok", "config": {"seed": 3}, "metrics": m, "budget": {"steps": 1200, "tokens": 4_915_200}}
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    pre, ri = [0.80, 0.82, 0.79, 0.81], [0.75, 0.78, 0.76, 0.74]
+    (tmp_path / "docs" / "results" / "a.json").write_text(json.dumps(_record(pre, ri)))
+    (tmp_path / "docs" / "results" / "tables.yaml").write_text(
+        "t1:\n  kind: runs\n  rows:\n    - {label: one, run: a.json}\n  columns:\n"
+        "    - {head: run, kind: label}\n    - {head: seed, key: config.seed}\n"
+        "    - {head: steps, kind: steps_tokens}\n    - {head: loss, key: 'metric:val/mlm_loss_r15', fmt: .2f}\n"
+        "    - {head: pre, kind: ci, task: t}\n    - {head: gain, kind: gain, task: t}\n"
+        "    - {head: p, kind: p, task: t}\n")
+    (tmp_path / "README.md").write_text("# x\n\n<!-- table: t1 -->\nold\n<!-- /table -->\n\ntext after\n")
+    return tmp_path
+
+
+def test_runs_table_computes_the_paired_gain(repo: Path):
+    assert report.update(repo, check=True) == ["README.md: t1"]  # "old" is not what the data says
+    assert report.update(repo) == ["README.md: t1"]
+    text = (repo / "README.md").read_text()
+    pre, ri = [0.80, 0.82, 0.79, 0.81], [0.75, 0.78, 0.76, 0.74]
+    d = [a - b for a, b in zip(pre, ri)]
+    p = stats.ttest_rel(pre, ri).pvalue
+    mean = sum(d) / 4
+    ci = stats.t.ppf(0.975, 3) * stats.tstd(d) / 2
+    row = next(line for line in text.splitlines() if line.startswith("| one"))
+    assert row == f"| one | 3 | 1,200 (4.9M) | 4.25 | 0.805 ± {stats.t.ppf(0.975, 3) * stats.tstd(pre) / 2:.3f} | " \
+                  f"**+{100 * mean:.1f} ± {100 * ci:.1f}** | {p:.2g} |"
+    assert text.endswith("<!-- /table -->\n\ntext after\n")  # the text around the block is kept
+    assert report.update(repo, check=True) == []  # idempotent
+
+
+def test_a_hand_edited_number_fails_the_check(repo: Path):
+    report.update(repo)
+    path = repo / "README.md"
+    path.write_text(path.read_text().replace("4.25", "4.20"))
+    assert report.main(["check=true", f"root={repo}"]) == 1
+    assert "4.20" in path.read_text()  # check mode writes nothing
+
+
+def test_bad_specs_are_named(repo: Path, capsys):
+    path = repo / "README.md"
+    path.write_text(path.read_text() + "<!-- table: nope -->\nx\n<!-- /table -->\n")
+    with pytest.raises(report.ReportError, match="'nope' has no entry"):
+        report.update(repo)
+    path.write_text("no blocks\n")
+    with pytest.raises(report.ReportError, match="no file has a block for t1"):
+        report.update(repo)
+    (repo / "docs" / "results" / "tables.yaml").write_text("t1: {kind: pie}\n")
+    assert report.main([f"root={repo}"]) == 2
+    assert "kind='pie'" in capsys.readouterr().err
+    assert report.main(["chek=true"]) == 2  # an unknown key: the usage error of every entry point
+
+
+def test_compare_table_and_detectable_difference(repo: Path):
+    """A sweep folder of results.json files, compared arm against arm and paired on the pretraining seed."""
+    sweep = repo / "docs" / "results" / "sweep"
+    for i, (rate, seed, score) in enumerate([(0.15, 0, 0.70), (0.15, 1, 0.72), (0.15, 2, 0.71),
+                                            (0.4, 0, 0.73), (0.4, 1, 0.74), (0.4, 2, 0.745)]):
+        (sweep / str(i)).mkdir(parents=True)
+        (sweep / str(i) / "results.json").write_text(json.dumps(
+            {"status": "ok", "config": {"seed": seed, "mask": {"rate": rate}}, "metrics": {"downstream/score": score}}))
+    (repo / "docs" / "results" / "tables.yaml").write_text(
+        "t1:\n  kind: compare\n  source: sweep\n  by: mask.rate\n  baseline: 0.15\n"
+        "  metrics:\n    - {key: downstream/score, label: score, scale: 100, fmt: .1f}\n")
+    report.update(repo)
+    row = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| score"))
+    d = [0.03, 0.02, 0.035]
+    sd = stats.tstd(d)
+    mdd = (stats.t.ppf(0.975, 2) + stats.t.ppf(0.8, 2)) * sd / 3 ** 0.5
+    assert row.split(" | ")[1:] == ["0.15 → 0.4", "71.0", "73.8", f"+{100 * sum(d) / 3:.1f} ± "
+                                    f"{100 * stats.t.ppf(0.975, 2) * sd / 3 ** 0.5:.1f}",
+                                    f"{stats.ttest_rel([0.73, 0.74, 0.745], [0.70, 0.72, 0.71]).pvalue:.2g}", "3",
+                                    f"{100 * mdd:.1f} |"]
+
+
+def test_bench_tables_come_from_benchmarks_results(repo: Path):
+    shutil.copytree(ROOT / "benchmarks", repo / "benchmarks", ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / "docs" / "results" / "tables.yaml").write_text("t1: {kind: bench, bench: e2e}\n")
+    report.update(repo)
+    e2e = json.loads((ROOT / "benchmarks" / "results" / "bench_e2e.json").read_text())["results"]
+    assert f"| {e2e['wall_s']:.0f} |" in (repo / "README.md").read_text()
+    (repo / "benchmarks" / "results" / "bench_e2e.json").unlink()
+    with pytest.raises(report.ReportError, match="bench_e2e.json does not exist"):
+        report.update(repo)
