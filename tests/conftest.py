@@ -18,6 +18,16 @@ ROOT = Path(__file__).resolve().parents[1]
 # ../shared/data (or $MLMLAB_DATA_DIR): real data sets; tests that need them skip with a reason when absent
 SHARED = Path(os.environ.get("MLMLAB_DATA_DIR") or ROOT.parent / "shared" / "data")
 
+def pytest_configure(config):
+    """Under pytest-xdist (``-n auto``, the default), each worker and the jobs it starts get an equal share of the cores
+    (1 thread each on a 2-core machine): workers that all took every core would slow each other 2-20x here."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        from mlmlab.hardware import apply_threads
+
+        apply_threads(max(1, (os.cpu_count() or 1) // int(workers)))
+
+
 # Fast, offline, quiet defaults for every test job (tiny model, few steps, small built-in corpus).
 FAST = ["debug=fast"]
 
