@@ -61,7 +61,7 @@ def step(p: dict) -> str:
     note = (f"\nbatch {s['batch']} x seq {s['seq']}, {s['shape']['num_layers']} layers x {s['shape']['hidden_size']}, "
             f"{s['threads']} threads, fp32 unless the row says otherwise; MFU against the measured fp32 matmul peak "
             f"({peak:.0f} GFLOP/s); median of {s['iters']} steps after {s['warmup']} warm-up steps")
-    head = ["vocab", "model", "tokens/s", "x HF", "x ours (fp32, for-loop AdamW)", "MFU", "step ms",
+    head = ["vocab", "model", "tokens/s", "x HF", "x ours (fp32, default AdamW)", "MFU", "step ms",
             "saved for backward"]
     return md(rows, head) + "\n" + note
 

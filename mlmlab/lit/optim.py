@@ -31,9 +31,12 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
 
 
 def impl_kwargs(impl: str = "auto") -> dict:
-    """``optim.impl`` -> torch.optim.AdamW's switches. auto: torch's choice (foreach on CUDA, the single-tensor loop on
-    the CPU); foreach: one multi-tensor op per update stage; fused: one fused kernel (CPU and CUDA)."""
-    kw = {"auto": {}, "for_loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True},
+    """``optim.impl`` -> torch.optim.AdamW's switches. auto (the default): foreach on every device -- torch's own default
+    on CUDA; on the CPU, where torch would take the single-tensor loop, foreach gives bitwise the same parameters
+    (tests/test_performance.py) and a faster step at large vocabularies (docs/performance.md); for_loop: the
+    single-tensor loop; foreach: one multi-tensor op per update stage; fused: one fused kernel (CPU and CUDA; not
+    bitwise equal to the loop)."""
+    kw = {"auto": {"foreach": True}, "for_loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True},
           "fused": {"fused": True}}
     if impl not in kw:
         raise ValueError(f"optim.impl={impl!r} is not known; allowed: {', '.join(kw)}")
