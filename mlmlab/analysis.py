@@ -36,9 +36,6 @@ from mlmlab.cli import run as cli_run
 
 log = logging.getLogger(__name__)
 
-_BLOCK = 32768  # the .wandb file is a LevelDB-style log: 32 KiB blocks of (crc32, length, type) framed records
-_HEADER = 7  # ":W&B" + magic (2 bytes) + version (1 byte)
-_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 DEFAULT_METRIC = "downstream/score"
 
 
@@ -436,66 +433,48 @@ def plot_history(history: pd.DataFrame, runs: pd.DataFrame, key: str, by: str, a
 # --------------------------------------------------------------------------------------------- offline W&B reader
 
 
-def _records(path: Path):
-    data = path.read_bytes()
-    if data[:4] != b":W&B":
-        raise ValueError(f"{path} is not a W&B transaction log")
-    pos, buf = _HEADER, b""
-    while pos + 7 <= len(data):
-        left = _BLOCK - pos % _BLOCK
-        if left < 7:
-            pos += left
-            continue
-        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
-        if kind == 0 and length == 0:  # zero padding to the end of a block
-            pos += left
-            continue
-        chunk = data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind == _FULL:
-            yield chunk
-        elif kind == _FIRST:
-            buf = chunk
-        elif kind == _MIDDLE:
-            buf += chunk
-        elif kind == _LAST:
-            yield buf + chunk
-            buf = b""
+def _leet_records(log: Path) -> list[dict]:
+    """The records of a ``run-*.wandb`` transaction log, read by W&B's own reader (``wandb leet inspect --json``: its
+    Go core, offline, one JSON object per record). A log cut short by a killed process gives the records before the
+    cut."""
+    import subprocess
 
-
-def _key(item) -> str:
-    return item.key or ".".join(item.nested_key)
+    p = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(log)], capture_output=True,
+                       text=True, timeout=300, stdin=subprocess.DEVNULL)
+    records = []
+    for line in p.stdout.splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            break  # a partial last line
+    if not records:
+        raise ValueError(f"{log}: `wandb leet inspect` read no records (exit {p.returncode}: "
+                         f"{(p.stderr or p.stdout).strip()[-300:]})")
+    return records
 
 
 def read_wandb_offline(run_dir: str | Path) -> dict:
     """Config, summary, history rows and exit code of an offline W&B run dir (``.../wandb/offline-run-*``), read from
-    its ``run-*.wandb`` log -- the same file ``wandb sync`` uploads."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
+    its ``run-*.wandb`` log -- the same file ``wandb sync`` uploads -- by W&B's reader (:func:`_leet_records`)."""
     logs = list(Path(run_dir).glob("run-*.wandb"))
     if len(logs) != 1:
         raise ValueError(f"{run_dir}: expected one run-*.wandb log, found {len(logs)}")
     out: dict = {"config": {}, "summary": {}, "history": [], "exit_code": None, "run": {}}
-    for raw in _records(logs[0]):
-        rec = pb.Record()
-        rec.ParseFromString(raw)
-        kind = rec.WhichOneof("record_type")
+    for rec in _leet_records(logs[0]):
+        kind, body = rec.get("type"), rec.get(rec.get("type") or "", {})
         if kind == "config":  # later config updates wrap each value as {"value": ..., "desc": ...}
-            for it in rec.config.update:
-                v = json.loads(it.value_json)
-                out["config"][_key(it)] = v["value"] if isinstance(v, dict) and "value" in v else v
+            for k, v in (body.get("update") or {}).items():
+                out["config"][k] = v["value"] if isinstance(v, dict) and "value" in v else v
         elif kind == "summary":
-            for it in rec.summary.update:
-                out["summary"][_key(it)] = json.loads(it.value_json)
+            out["summary"].update(body.get("update") or {})
         elif kind == "history":
-            out["history"].append({_key(it): json.loads(it.value_json) for it in rec.history.item})
+            out["history"].append(dict(body.get("item") or {}))
         elif kind == "exit":
-            out["exit_code"] = rec.exit.exit_code
+            out["exit_code"] = body.get("exit_code", 0)  # proto3 JSON leaves a zero exit code out
         elif kind == "run":  # the config given to wandb.init travels inside the run record
-            for it in rec.run.config.update:
-                out["config"][_key(it)] = json.loads(it.value_json)
-            out["run"] = {"id": rec.run.run_id, "project": rec.run.project, "group": rec.run.run_group,
-                          "job_type": rec.run.job_type, "name": rec.run.display_name}
+            out["config"].update((body.get("config") or {}).get("update") or {})
+            out["run"] = {"id": body.get("run_id"), "project": body.get("project"), "group": body.get("run_group"),
+                          "job_type": body.get("job_type"), "name": body.get("display_name")}
     return out
 
 
