@@ -58,10 +58,11 @@ def step(p: dict) -> str:
                      "-" if act is None else f"{act / 2**20:.0f} MiB"])
     peak = p["results"]["matmul_peak"]["used_flops_per_s"] / 1e9
     s = p["settings"]
+    impl = "foreach" if s.get("optimizer", {}).get("foreach") else "for-loop"  # ours' optimizer when it was measured
     note = (f"\nbatch {s['batch']} x seq {s['seq']}, {s['shape']['num_layers']} layers x {s['shape']['hidden_size']}, "
             f"{s['threads']} threads, fp32 unless the row says otherwise; MFU against the measured fp32 matmul peak "
             f"({peak:.0f} GFLOP/s); median of {s['iters']} steps after {s['warmup']} warm-up steps")
-    head = ["vocab", "model", "tokens/s", "x HF", "x ours (fp32, default AdamW)", "MFU", "step ms",
+    head = ["vocab", "model", "tokens/s", "x HF", f"x ours (fp32, {impl} AdamW)", "MFU", "step ms",
             "saved for backward"]
     return md(rows, head) + "\n" + note
 

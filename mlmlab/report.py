@@ -8,7 +8,7 @@ A generated table sits in a Markdown file between two comments::
 
 and ``docs/results/tables.yaml`` says what each name is made of: rows of run records (a job's ``results.json``, copied
 into ``docs/results/`` when its numbers are reported), a sweep compared arm against arm (:func:`mlmlab.analysis.compare`,
-paired on the pretraining seed), or one of the benchmark tables of ``benchmarks/report.py`` (``benchmarks/results``)::
+paired on the pretraining seed), two runs' predictions compared item by item, or one of the benchmark tables of ``benchmarks/report.py`` (``benchmarks/results``)::
 
     python -m mlmlab.report               # rewrite every generated block of README.md and docs/*.md
     python -m mlmlab.report check=true    # exit 1, naming the block, where a file differs from what its data says
@@ -192,6 +192,44 @@ def _mdd(std: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
     return float((stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * std / math.sqrt(n))
 
 
+def _items_table(spec: dict, base: Path) -> str:
+    """Per-item paired comparisons of two runs' predictions (:func:`mlmlab.analysis.compare_items`: paired bootstrap CI
+    over items, exact McNemar per fine-tuning seed, the minimal detectable difference), one row per pair x task x
+    protocol; ``pooled: true`` adds a row per task that pools every pair's fine-tuning seeds item by item."""
+    from mlmlab.analysis import compare_items, load_predictions
+
+    rows, pool_a, pool_b = [], {}, {}
+    for pair in spec["pairs"]:
+        a, b = load_predictions(base / pair["a"]), load_predictions(base / pair["b"])
+        rows += _item_rows(pair["label"], compare_items(a, b))
+        for pool, pred in ((pool_a, a), (pool_b, b)):
+            for task, p in pred.items():
+                if "seeds" in p:  # fine-tuned: every (pretraining run, fine-tuning seed) one row of outcomes
+                    q = pool.setdefault(task, {"truth": p["truth"], "seeds": {}})
+                    q["seeds"].update({f"{pair['label']}/{k}": v for k, v in p["seeds"].items()})
+    if spec.get("pooled"):
+        rows += _item_rows("pooled", compare_items(pool_a, pool_b))
+    return _md(["pair", "task", "protocol", "items", "a", "b", "a - b (95% bootstrap CI)", "McNemar p",
+                "min. detectable"], rows)
+
+
+def _pvalues(text: str) -> str:
+    ps = [float(x) for x in text.split(", ") if x]
+    return text if len(ps) <= 3 else f"{sum(p < 0.05 for p in ps)} of {len(ps)} < 0.05"
+
+
+def _item_rows(label: str, t) -> list[list[str]]:
+    out = []
+    for (task, proto), r in t.iterrows():
+        out.append([label, task, proto, f"{int(r['n_items']):,}" + (f" x {int(r['runs_paired'])}" if
+                                                                     r["runs_paired"] > 1 else ""),
+                    f"{r['a']:.3f}", f"{r['b']:.3f}",
+                    f"{100 * r['diff']:+.1f} [{100 * r['ci_low']:+.1f}, {100 * r['ci_high']:+.1f}]",
+                    _pvalues(r["mcnemar_p"]),
+                    f"{100 * r['mdd']:.1f}"])
+    return out
+
+
 def _bench_table(spec: dict, root: Path) -> str:
     """One of ``benchmarks/report.py``'s tables (``bench: masking|step|data|e2e``) from ``benchmarks/results``, with the
     line saying where it was measured."""
@@ -212,7 +250,7 @@ def _bench_table(spec: dict, root: Path) -> str:
     return f"{getattr(mod, name)(p)}\n\nMeasured on: {mod.where(p)}"
 
 
-KINDS = {"runs": _runs_table, "compare": _compare_table, "bench": None}
+KINDS = {"runs": _runs_table, "compare": _compare_table, "items": _items_table, "bench": None}
 
 
 # --------------------------------------------------------------------------------------------------------- plumbing

@@ -111,3 +111,29 @@ def test_bench_tables_come_from_benchmarks_results(repo: Path):
     (repo / "benchmarks" / "results" / "bench_e2e.json").unlink()
     with pytest.raises(report.ReportError, match="bench_e2e.json does not exist"):
         report.update(repo)
+
+
+def test_items_table_pairs_predictions_item_by_item(repo: Path):
+    import numpy as np
+
+    from mlmlab.analysis import compare_items
+
+    rng = np.random.default_rng(0)
+    truth = [int(x) for x in rng.integers(0, 2, 200)]
+    preds = {}
+    for name, acc in (("a0", 0.85), ("b0", 0.75), ("a1", 0.8), ("b1", 0.8)):
+        seeds = {str(s): [t if rng.random() < acc else 1 - t for t in truth] for s in range(2)}
+        preds[name] = {"t": {"truth": truth, "seeds": seeds}}
+        d = repo / "docs" / "results" / name / "predictions"
+        d.mkdir(parents=True)
+        (d / "pretrained.json").write_text(json.dumps(preds[name]))
+    (repo / "docs" / "results" / "tables.yaml").write_text(
+        "t1:\n  kind: items\n  pooled: true\n  pairs:\n    - {label: s0, a: a0, b: b0}\n    - {label: s1, a: a1, b: b1}\n")
+    report.update(repo)
+    rows = [line.split(" | ") for line in (repo / "README.md").read_text().splitlines() if line.startswith("| s")
+            or line.startswith("| pooled")]
+    assert [r[0] for r in rows] == ["| s0", "| s1", "| pooled"]
+    want = compare_items(preds["a0"], preds["b0"]).iloc[0]
+    assert rows[0][3:6] == ["200 x 2", f"{want['a']:.3f}", f"{want['b']:.3f}"]
+    assert rows[0][6] == f"{100 * want['diff']:+.1f} [{100 * want['ci_low']:+.1f}, {100 * want['ci_high']:+.1f}]"
+    assert rows[2][3] == "200 x 4" and rows[2][7] .endswith("of 4 < 0.05")  # both pairs' seeds, item by item
