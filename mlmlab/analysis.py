@@ -293,13 +293,18 @@ def label_budget_curve(df: pd.DataFrame, task: str, metric: str = "acc", by: str
 
 
 def load_predictions(spec: str | Path) -> dict:
-    """A run's per-item predictions (``<run dir>/predictions/<arm>.json``, written by every job with downstream
+    """A run's per-item predictions (``<run dir>/predictions/<arm>.json`` or ``.json.gz``, written by every job with downstream
     tasks). ``spec``: ``<run dir>`` (the pretrained encoder) or ``<run dir>:random_init`` (its random-init arm)."""
     text = str(spec)
     arm = "pretrained"
     if ":" in text and text.rsplit(":", 1)[1] in ("pretrained", "random_init"):
         text, arm = text.rsplit(":", 1)
     path = Path(text) / "predictions" / f"{arm}.json"
+    packed = path.with_name(path.name + ".gz")  # as archived next to a report (docs/results), gzip-compressed
+    if not path.is_file() and packed.is_file():
+        import gzip
+
+        return json.loads(gzip.decompress(packed.read_bytes()))
     if not path.is_file():
         raise NoRunsError(f"{path} not found: give a run dir of a job with downstream tasks (optionally "
                           "<dir>:random_init for its random-init arm)")
