@@ -178,3 +178,20 @@ def test_ddp_two_processes_distinct_reproducible_masks_and_exact_synced_validati
     val = json.loads((tmp_path / "val.json").read_text())
     assert val["eval_tokens"] % 2 == 1 or val["val_blocks"] % 2 == 1  # uneven shards: the case that used to skew
     assert val["synced"]["val/mlm_loss_r15"] == pytest.approx(val["one_process_loss"], rel=1e-6)
+
+
+def test_gpu_check_runs_on_its_cpu_path(tmp_path, cache_dir):
+    """benchmarks/gpu_check.sh, prepared for a GPU, runs its three parts on the CPU at smoke size and writes its JSON
+    (the step against HF, the default job end to end, a 1-device DDP job)."""
+    env = {**__import__("os").environ, "MLMLAB_CACHE_DIR": str(cache_dir), "WANDB_MODE": "offline"}
+    p = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(tmp_path)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    out = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert out["status"] == {"step": "ok", "e2e": "ok", "ddp": "ok"}
+    step = out["step"]
+    assert step["device"] == "cpu" and step["results"]["bf16_peak"]["flops_per_s"] > 0
+    rows = {r["model"]: r for r in step["results"]["rows"]}
+    assert set(rows) == {"ours", "hf"} and rows["ours"]["adamw"] == "fused"
+    assert rows["hf"]["speedup_vs_hf"] == 1.0 and rows["ours"]["tokens_per_s"] > 0 and 0 < rows["ours"]["mfu_bf16"]
+    assert out["e2e"]["results"]["status"] == "ok" and out["ddp"]["status"] == "ok"
