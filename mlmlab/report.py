@@ -155,10 +155,19 @@ def _cell(kind: str, col: dict, row: dict, rec: dict, other: dict) -> str:
 def _compare_table(spec: dict, base: Path) -> str:
     """A sweep's arms against its baseline arm, one row per (arm, metric): baseline and arm means over pretraining
     seeds, the paired difference with its 95% t CI, p (paired t-test), n pairs, and the minimal detectable difference
-    at 80% power (two-sided 5% paired t-test with this n and the observed std of the differences)."""
+    at 80% power (two-sided 5% paired t-test with this n and the observed std of the differences). ``source`` may list
+    several folders (two sweeps compared); ``exclude`` entries leave out the runs that match all their keys."""
+    import pandas as pd
+
     from mlmlab.analysis import compare, load_runs
 
-    df = load_runs(base / spec["source"], source_kind="results")
+    sources = spec["source"] if isinstance(spec["source"], list) else [spec["source"]]
+    df = pd.concat([load_runs(base / src, source_kind="results") for src in sources], ignore_index=True)
+    for drop in spec.get("exclude") or []:  # leave out the runs matching every key of an entry
+        hit = pd.Series(True, index=df.index)
+        for k, v in drop.items():
+            hit &= df[k] == v
+        df = df[~hit]
     by, baseline = spec["by"], spec["baseline"]
     rows = []
     for m in spec["metrics"]:

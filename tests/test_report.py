@@ -141,3 +141,23 @@ def test_items_table_pairs_predictions_item_by_item(repo: Path):
     assert rows[0][3:6] == ["200 x 2", f"{want['a']:.3f}", f"{want['b']:.3f}"]
     assert rows[0][6] == f"{100 * want['diff']:+.1f} [{100 * want['ci_low']:+.1f}, {100 * want['ci_high']:+.1f}]"
     assert rows[2][3] == "200 x 4" and rows[2][7] .endswith("of 4 < 0.05")  # both pairs' seeds, item by item
+
+
+def test_compare_table_across_two_sweeps_with_exclusions(repo: Path):
+    """Two sweep folders compared on one axis (ELECTRA's sweep against the MLM sweep's 40% arm): the other MLM arm is
+    excluded, so it does not enter the MLM mean."""
+    res = repo / "docs" / "results"
+    rows = [("mlm_sweep", "mlm", 0.15, 0.60), ("mlm_sweep", "mlm", 0.4, 0.70), ("el_sweep", "electra", 0.15, 0.75)]
+    for seed in range(3):
+        for folder, obj, rate, score in rows:
+            d = res / folder / f"{obj}_{rate}_{seed}"
+            d.mkdir(parents=True)
+            (d / "results.json").write_text(json.dumps({"status": "ok", "config": {
+                "seed": seed, "mask": {"rate": rate}, "objective": {"name": obj}},
+                "metrics": {"downstream/score": score + 0.01 * seed * (obj == "electra")}}))
+    (res / "tables.yaml").write_text(
+        "t1:\n  kind: compare\n  source: [mlm_sweep, el_sweep]\n  by: objective.name\n  baseline: mlm\n"
+        "  exclude: [{objective.name: mlm, mask.rate: 0.15}]\n  metrics:\n    - {key: downstream/score, fmt: .2f}\n")
+    report.update(repo)
+    row = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| downstream"))
+    assert row.split(" | ")[1:5] == ["mlm → electra", "0.70", "0.76", "+0.06 ± 0.02"]
