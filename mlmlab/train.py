@@ -129,8 +129,21 @@ def train(cfg: DictConfig) -> dict[str, float]:
         done = completed_metrics(cfg)
         if done is not None:
             return done
-    with Job(cfg, validate) as job:
+    with Job(cfg, check_job) as job:
         return job.done(_run(cfg, job))
+
+
+def check_job(cfg: DictConfig) -> None:
+    """``validate(cfg)``, and what only the composition shows: ``downstream=none`` chosen on the command line while a
+    preset (``experiment=real_en`` ...) sets its own ``downstream.tasks`` after the group, so the job would still
+    fine-tune."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized() and HydraConfig.get().runtime.choices.get("downstream") == "none" \
+            and cfg.downstream.get("tasks"):
+        raise ConfigError(f"downstream=none was chosen, but a preset sets downstream.tasks={list(cfg.downstream.tasks)}"
+                          " after it; for pretraining only use downstream.tasks=[]")
+    validate(cfg)
 
 
 def completed_metrics(cfg: DictConfig) -> dict[str, float] | None:

@@ -144,3 +144,16 @@ def test_job_threads_split_the_cores(setting, jobs, cores, threads, warns):
     assert got == threads and bool(warning) == warns
     if warns:
         assert f"on {cores} cores" in warning and f"{jobs} parallel jobs x {threads} threads" in warning
+
+
+def test_downstream_none_under_a_preset_that_sets_tasks_is_an_error(tmp_path, cache_dir):
+    """`experiment=real_en downstream=none` would still fine-tune (the preset's downstream.tasks merge after the group
+    choice): a clear error before any data work, naming the key and what to write instead."""
+    from conftest import run_cli
+
+    out = tmp_path / "run"
+    p = run_cli(["experiment=real_en", "downstream=none", f"hydra.run.dir={out}"], cache_dir, full_error=False)
+    assert p.returncode != 0
+    assert "downstream=none was chosen" in p.stderr and "downstream.tasks=[]" in p.stderr, p.stderr[-1500:]
+    assert json.loads((out / "results.json").read_text())["status"] == "failed"
+    assert not (out / "checkpoints").exists()  # nothing was trained
