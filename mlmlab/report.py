@@ -66,13 +66,13 @@ def _seeds(record: dict, prefix: str, task: str, metric: str) -> dict[str, float
     return out
 
 
-def _mean_ci(values: Sequence[float]) -> tuple[float, float]:
+def _mean_ci(values: Sequence[float]) -> tuple[float, float, float]:
     from mlmlab.analysis import t_ci
 
     n = len(values)
     mean = sum(values) / n
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else float("nan")
-    return mean, t_ci(std, n)
+    return mean, std, t_ci(std, n)
 
 
 def _paired(a: dict[str, float], b: dict[str, float]) -> tuple[float, float, float, int]:
@@ -83,7 +83,7 @@ def _paired(a: dict[str, float], b: dict[str, float]) -> tuple[float, float, flo
     if len(common) < 2:
         raise ReportError(f"fewer than 2 shared fine-tuning seeds to pair ({common})")
     d = [a[s] - b[s] for s in common]
-    mean, ci = _mean_ci(d)
+    mean, _, ci = _mean_ci(d)
     p = float(stats.ttest_rel([a[s] for s in common], [b[s] for s in common]).pvalue)
     return mean, ci, p, len(common)
 
@@ -138,11 +138,10 @@ def _cell(kind: str, col: dict, row: dict, rec: dict, other: dict) -> str:
         arm = col.get("arm", "downstream").format(**fill)
         src = other if arm == "random_init" else rec
         values = list(_seeds(src, arm, task, metric).values())
-        mean, ci = _mean_ci(values)
+        mean, std, ci = _mean_ci(values)
         mean = (src.get("metrics") or {}).get(f"{arm}/{task}/{metric}", mean)  # the job's own mean where it logged one
-        if col.get("stat") == "std":  # the spread of the fine-tuning seeds rather than the CI of their mean
-            ci = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else math.nan
-        return f"{mean:.3f} ± {ci:.3f}"
+        spread = std if col.get("stat") == "std" else ci  # the fine-tuning seeds' spread, or the CI of their mean
+        return f"{mean:.3f} ± {spread:.3f}"
     if kind in ("gain", "p"):
         mean, ci, p, _ = _paired(_seeds(rec, "downstream", task, metric), _seeds(other, "random_init", task, metric))
         if kind == "p":
