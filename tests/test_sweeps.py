@@ -71,7 +71,8 @@ def test_sweep_file_expands_to_the_jobs_it_says(name):
     seen = {k: set() for k in params}
     for job in jobs:
         # these read ../shared/data: validated where it is present
-        real = {"replacement_dist": "finance_corpus", "real_en_rates": "imdb", "real_en_electra": "imdb"}.get(name)
+        real = {"replacement_dist": "finance_corpus", "real_en_rates": "imdb", "real_en_electra": "imdb",
+                "real_zh_units": "zh_corpus"}.get(name)
         c = compose_sweep(name, *job, *([f"paths.data_dir={SHARED}"] if real else []), hydra_cfg=False)
         if not real or (SHARED / real).exists():
             validate(c)
