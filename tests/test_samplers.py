@@ -489,16 +489,19 @@ def test_composed_config_sampler_group_instantiates(cfg_factory, tmp_path, name)
     assert s.name == name and (s.probs[list(SPECIAL)] == 0).all()
 
 
-def test_domain_finance_preset(cfg_factory, tmp_path):
-    """``mask/sampler=domain_finance``: the domain sampler with its vocabulary derived from ../shared/data's finance news."""
+@pytest.mark.parametrize("preset, corpus", [("domain_finance", "finance_corpus/train.txt"),
+                                            ("domain_medical", "medical/corpus/train.txt")])
+def test_domain_corpus_presets(preset, corpus, cfg_factory, tmp_path):
+    """``mask/sampler=domain_finance`` / ``domain_medical``: the domain sampler with its vocabulary derived from
+    ../shared/data's finance news / NCBI disease abstracts."""
     from conftest import SHARED
 
     from mlmlab.data.corpus import get_blocks
 
-    if not (SHARED / "finance_corpus" / "train.txt").exists():
-        pytest.skip(f"no finance corpus under {SHARED}")
-    cfg = cfg_factory("mask/sampler=domain_finance", f"paths.data_dir={SHARED}")
-    assert cfg.mask.sampler.corpus == str(SHARED / "finance_corpus" / "train.txt")
+    if not (SHARED / corpus).exists():
+        pytest.skip(f"no {corpus} under {SHARED}")
+    cfg = cfg_factory(f"mask/sampler={preset}", f"paths.data_dir={SHARED}")
+    assert cfg.mask.sampler.corpus == str(SHARED / corpus)
     tok, blocks = get_blocks(cfg)
     s = instantiate(cfg.mask.sampler, _partial_=True)(ctx=vocab_stats.make_sampler_context(cfg, tok, blocks))
     assert s.name == "domain" and 0 < int((s.probs > 0).sum()) < tok.get_vocab_size()

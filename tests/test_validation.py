@@ -10,8 +10,8 @@ from mlmlab.config import ConfigError, validate
 from mlmlab.train import train
 
 DATA_DIR_PRESETS = ({f"data={n}" for n in ("imdb", "wikitext2", "zh", "finance", "medical", "finance_mix", "medical_mix")}
-                    | {f"experiment={n}" for n in ("real_en", "real_finance", "real_zh")}
-                    | {"mask/sampler=domain_finance"})  # its corpus file is checked at validation
+                    | {f"experiment={n}" for n in ("real_en", "real_finance", "real_zh", "real_medical")}
+                    | {"mask/sampler=domain_finance", "mask/sampler=domain_medical"})  # its corpus file is checked at validation
 
 
 def all_options():
