@@ -24,7 +24,8 @@ DATA_NAMES = ("builtin", "text_files", "hub", "imdb", "wikitext2", "wikitext103"
               "finance_mix", "medical_mix")  # all but builtin: text files (one source or a data.mix) or a hub data set
 DATA_SOURCES = ("auto", "local", "hub")
 OBJECTIVES = ("mlm", "electra", "clm", "none")
-ELECTRA_KEYS = ("generator_size", "generator_layers", "disc_weight", "temperature", "sampling")
+ELECTRA_KEYS = ("generator_size", "generator_layers", "disc_weight", "temperature", "temperature_end", "sampling")
+ELECTRA_OPTIONAL = ("generator_layers", "temperature_end")  # may stay null for objective=electra
 LR_SCHEDULES = ("linear", "cosine", "constant")
 DOC_SEPS = ("line", "blank_line")
 WANDB_MODES = ("offline", "online", "disabled")
@@ -152,7 +153,8 @@ class ObjectiveConfig:
     generator_size: float | None = None  # generator hidden/FFN width as a fraction of the discriminator's, (0, 1]
     generator_layers: int | None = None  # null: the discriminator's depth
     disc_weight: float | None = None  # loss = gen_mlm + disc_weight x disc BCE
-    temperature: float | None = None  # generator softmax temperature when sampling replacements
+    temperature: float | None = None  # generator softmax temperature when sampling replacements (the start, with _end)
+    temperature_end: float | None = None  # null: constant; else geometric from temperature to this over the run
     sampling: str | None = None  # gumbel | multinomial
 
 
@@ -477,13 +479,15 @@ def validate_objective(o: DictConfig, model: DictConfig) -> None:
             _check(o[k] is None, f"objective.{k}={o[k]} applies to objective=electra only (objective={o.name})")
         return
     for k in ELECTRA_KEYS:
-        _check(o[k] is not None or k == "generator_layers", f"objective.{k} must be set for objective=electra (see conf/objective/electra.yaml)")
+        _check(o[k] is not None or k in ELECTRA_OPTIONAL, f"objective.{k} must be set for objective=electra (see conf/objective/electra.yaml)")
     _check(0.0 < o.generator_size <= 1.0, f"objective.generator_size={o.generator_size} must be in (0, 1] "
            "(a fraction of the discriminator's hidden and FFN width)")
     _check(o.generator_layers is None or o.generator_layers >= 1,
            f"objective.generator_layers={o.generator_layers} must be >= 1 or null (the discriminator's depth)")
     _check(o.disc_weight >= 0 and math.isfinite(o.disc_weight), f"objective.disc_weight={o.disc_weight} must be >= 0")
     _check(o.temperature > 0 and math.isfinite(o.temperature), f"objective.temperature={o.temperature} must be > 0")
+    _check(o.temperature_end is None or (o.temperature_end > 0 and math.isfinite(o.temperature_end)),
+           f"objective.temperature_end={o.temperature_end} must be > 0 or null (a constant temperature)")
     _check_choice("objective.sampling", o.sampling, SAMPLINGS)
     from mlmlab.models.electra import generator_shape
 

@@ -117,6 +117,23 @@ def test_sampling_follows_the_tempered_softmax(method):
     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("end", [None, 1.0])
+def test_temperature_curriculum_is_geometric_from_start_to_end(end):
+    """objective.temperature_end: the sampling temperature goes geometrically from temperature (step 0) to
+    temperature_end (the last step); validation samples at the end temperature; null keeps it constant."""
+    recipe = MaskingRecipe(BertMasker(MASK_ID, 0.85, 0.0, 0.15, sampler=None), Constant(0.15), SPECIAL)
+    module = ElectraModule({k: v for k, v in tiny().to_dict().items()}, recipe, {}, 0, 11,
+                           objective={"generator_size": 0.25, "disc_weight": 50.0, "temperature": 100.0,
+                                      "temperature_end": end, "sampling": "gumbel"})
+    got = [module.sampling_temperature(s) for s in range(11)]
+    if end is None:
+        assert got == [100.0] * 11 and module.sampling_temperature(None) == 100.0
+        return
+    assert got[0] == pytest.approx(100.0) and got[5] == pytest.approx(10.0) and got[10] == pytest.approx(1.0)
+    assert all(a > b for a, b in zip(got, got[1:]))
+    assert module.sampling_temperature(None) == pytest.approx(1.0) and module.sampling_temperature(50) == pytest.approx(1.0)
+
+
 def test_downstream_gets_the_discriminator():
     c = tiny()
     enc = {k: v for k, v in c.to_dict().items()}
@@ -228,6 +245,7 @@ def test_tiny_electra_run_end_to_end(budget_runs):
               "replaced_frac", "selected_frac"):
         assert math.isfinite(m[f"train/{k}"]), k
     assert 0 < m["val/replaced_frac_r15"] < 0.2 and m["val/gen_mlm_loss_r15"] > 0 and m["val/disc_loss_r15"] > 0
+    assert m["train/temperature"] == 1.0  # constant: objective.temperature_end is null
     assert m["train/special_selected"] == 0 and math.isfinite(m["downstream/score"])
     assert rec["config"]["mask"]["name"] == "electra" and rec["config"]["mask"]["replace"]["random"] == 0.0
     assert rec["model"]["generator"]["hidden_size"] == 16 and rec["model"]["generator_parameters"] > 0
@@ -259,6 +277,8 @@ BAD = [
     (["objective=electra", "objective.disc_weight=-1"], "objective.disc_weight=-1.0 must be >= 0"),
     (["objective=electra", "objective.temperature=0"], "objective.temperature=0.0 must be > 0"),
     (["objective=electra", "objective.sampling=argmax"], "allowed: gumbel, multinomial"),
+    (["objective=electra", "objective.temperature_end=0"], "objective.temperature_end=0.0 must be > 0 or null"),
+    (["objective=mlm", "objective.temperature_end=1"], "applies to objective=electra only"),
     (["objective=electra", "objective.generator_layers=0"], "objective.generator_layers=0 must be >= 1"),
     (["objective=electra", "objective.generator_size=0.77"], "must be divisible by the heads"),
     (["objective=mlm", "objective.disc_weight=10"], "applies to objective=electra only"),
