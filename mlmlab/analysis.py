@@ -312,18 +312,20 @@ def load_predictions(spec: str | Path) -> dict:
 
 
 def _correct(p: dict) -> dict[str, list[list[float]]]:
-    """Per protocol: one 0/1 (None: tie) row per fine-tuning seed (or one row for the probe / zero-shot)."""
+    """Per protocol: one 0/1 (None: tie) row per fine-tuning seed (or one row for the probe / zero-shot; one per
+    pretraining run where several were pooled: ``probe_runs``, ``items_runs``)."""
     out: dict[str, list] = {}
-    if "items" in p:
-        out["zeroshot"] = [[None if c == "-" else float(c) for c in p["items"]]]
+    if "items" in p or "items_runs" in p:  # one zero-shot run, or several pooled (mlmlab.report's pooled rows)
+        runs = p.get("items_runs", [p.get("items")])
+        out["zeroshot"] = [[None if c == "-" else float(c) for c in items] for items in runs]
         return out
     truth = p["truth"]
     if truth and isinstance(truth[0], list):
         return out  # token tasks: entity F1 does not split into per-item outcomes
     if "seeds" in p:
         out["finetune"] = [[float(a == t) for a, t in zip(v, truth)] for _, v in sorted(p["seeds"].items())]
-    if "probe" in p:
-        out["probe"] = [[float(a == t) for a, t in zip(p["probe"], truth)]]
+    if "probe" in p or "probe_runs" in p:
+        out["probe"] = [[float(a == t) for a, t in zip(run, truth)] for run in p.get("probe_runs", [p.get("probe")])]
     return out
 
 
@@ -341,7 +343,8 @@ def compare_items(a: dict, b: dict, level: float = 0.95, n_resamples: int = 1000
     rows = []
     for task in sorted(set(a) & set(b)):
         pa, pb = a[task], b[task]
-        if pa.get("truth") != pb.get("truth") or len(pa.get("items", "")) != len(pb.get("items", "")):
+        items_a, items_b = pa.get("items_runs", [pa.get("items", "")]), pb.get("items_runs", [pb.get("items", "")])
+        if pa.get("truth") != pb.get("truth") or {len(x) for x in items_a} != {len(x) for x in items_b}:
             raise ValueError(f"task {task}: the two runs scored different items (split, subsample or labels differ)")
         ca, cb = _correct(pa), _correct(pb)
         for proto in sorted(set(ca) & set(cb)):

@@ -203,20 +203,33 @@ def _mdd(std: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
 def _items_table(spec: dict, base: Path) -> str:
     """Per-item paired comparisons of two runs' predictions (:func:`mlmlab.analysis.compare_items`: paired bootstrap CI
     over items, exact McNemar per fine-tuning seed, the minimal detectable difference), one row per pair x task x
-    protocol; ``pooled: true`` adds a row per task that pools every pair's fine-tuning seeds item by item."""
+    protocol. ``pooled: true`` adds, per ``group`` of pairs (a pair's optional ``group`` key: one arm against the
+    baseline, say), a row per task and protocol that pools the group's pairs item by item: every (pretraining run,
+    fine-tuning seed) of the fine-tuned tasks, every pretraining run's probe and zero-shot outcomes; ``pooled: only``
+    gives just those rows (a compact table for a sweep of several arms)."""
     from mlmlab.analysis import compare_items, load_predictions
 
-    rows, pool_a, pool_b = [], {}, {}
+    pooled = spec.get("pooled", False)
+    if pooled not in (True, False, "only"):
+        raise ReportError(f"items table: pooled={pooled!r}; allowed: true, false, only")
+    rows, pools = [], {}
     for pair in spec["pairs"]:
         a, b = load_predictions(base / pair["a"]), load_predictions(base / pair["b"])
-        rows += _item_rows(pair["label"], compare_items(a, b))
-        for pool, pred in ((pool_a, a), (pool_b, b)):
+        if pooled != "only":
+            rows += _item_rows(pair["label"], compare_items(a, b))
+        group = pools.setdefault(pair.get("group"), ({}, {}))
+        for pool, pred in zip(group, (a, b)):
             for task, p in pred.items():
+                q = pool.setdefault(task, {"truth": p.get("truth")})
                 if "seeds" in p:  # fine-tuned: every (pretraining run, fine-tuning seed) one row of outcomes
-                    q = pool.setdefault(task, {"truth": p["truth"], "seeds": {}})
-                    q["seeds"].update({f"{pair['label']}/{k}": v for k, v in p["seeds"].items()})
-    if spec.get("pooled"):
-        rows += _item_rows("pooled", compare_items(pool_a, pool_b))
+                    q.setdefault("seeds", {}).update({f"{pair['label']}/{k}": v for k, v in p["seeds"].items()})
+                if "probe" in p:  # probe and zero-shot: every pretraining run one row, in pair order on both sides
+                    q.setdefault("probe_runs", []).append(p["probe"])
+                if "items" in p:
+                    q.setdefault("items_runs", []).append(p["items"])
+    if pooled:
+        for group, (pool_a, pool_b) in pools.items():
+            rows += _item_rows("pooled" if group is None else f"{group}, pooled", compare_items(pool_a, pool_b))
     return _md(["pair", "task", "protocol", "items", "a", "b", "a - b (95% bootstrap CI)", "McNemar p",
                 "min. detectable"], rows)
 

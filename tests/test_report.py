@@ -161,3 +161,43 @@ def test_compare_table_across_two_sweeps_with_exclusions(repo: Path):
     report.update(repo)
     row = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| downstream"))
     assert row.split(" | ")[1:5] == ["mlm → electra", "0.70", "0.76", "+0.06 ± 0.02"]
+
+
+def test_items_table_pools_each_group_of_pairs_with_probe_and_zeroshot(repo: Path):
+    """``pooled: only`` with a ``group`` per pair: one pooled row per group, task and protocol -- the fine-tuning seeds of
+    every pair, and every pretraining run's probe and zero-shot outcomes -- and no per-pair rows."""
+    import numpy as np
+
+    from mlmlab.analysis import compare_items
+
+    rng = np.random.default_rng(1)
+    truth = [int(x) for x in rng.integers(0, 2, 100)]
+    flip = lambda acc: [t if rng.random() < acc else 1 - t for t in truth]  # noqa: E731
+    preds = {}
+    for name, acc in (("x0", 0.9), ("x1", 0.85), ("y0", 0.6), ("y1", 0.65), ("b0", 0.7), ("b1", 0.7)):
+        preds[name] = {"t": {"truth": truth, "seeds": {"0": flip(acc)}, "probe": flip(acc)},
+                       "z": {"items": "".join(rng.choice(["0", "1", "-"], 50, p=[1 - acc - 0.02, acc, 0.02]))}}
+        d = repo / "docs" / "results" / name / "predictions"
+        d.mkdir(parents=True)
+        (d / "pretrained.json").write_text(json.dumps(preds[name]))
+    (repo / "docs" / "results" / "tables.yaml").write_text(
+        "t1:\n  kind: items\n  pooled: only\n  pairs:\n"
+        "    - {label: s0, group: x, a: x0, b: b0}\n    - {label: s1, group: x, a: x1, b: b1}\n"
+        "    - {label: s0, group: y, a: y0, b: b0}\n    - {label: s1, group: y, a: y1, b: b1}\n")
+    report.update(repo)
+    rows = [line.split(" | ") for line in (repo / "README.md").read_text().splitlines() if line.startswith("| x")
+            or line.startswith("| y") or line.startswith("| s")]
+    assert [(r[0], r[1], r[2]) for r in rows] == [(f"| {g}, pooled", t, p) for g in "xy" for t, p in
+                                                  (("t", "finetune"), ("t", "probe"), ("z", "zeroshot"))]
+    x = {k: {"truth": truth, "probe_runs": [preds["x0"]["t"]["probe"], preds["x1"]["t"]["probe"]]} for k in "t"}
+    b = {k: {"truth": truth, "probe_runs": [preds["b0"]["t"]["probe"], preds["b1"]["t"]["probe"]]} for k in "t"}
+    want = compare_items(x, b).loc[("t", "probe")]
+    assert want["runs_paired"] == 2 and rows[1][3] == "100 x 2"
+    assert rows[1][4:7] == [f"{want['a']:.3f}", f"{want['b']:.3f}", f"{100 * want['diff']:+.1f} "
+                            f"[{100 * want['ci_low']:+.1f}, {100 * want['ci_high']:+.1f}]"]
+    both = [i for i in range(50) if all(preds[n]["z"]["items"][i] != "-" for n in ("x0", "x1", "b0", "b1"))]
+    assert rows[2][3] == f"{len(both)} x 2"  # an item tied in any pooled run is dropped from every run
+    (repo / "docs" / "results" / "tables.yaml").write_text(
+        "t1:\n  kind: items\n  pooled: some\n  pairs:\n    - {label: s0, a: x0, b: b0}\n")
+    with pytest.raises(report.ReportError, match="pooled='some'; allowed: true, false, only"):
+        report.update(repo)
