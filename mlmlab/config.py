@@ -133,6 +133,9 @@ class MaskConfig:
     sampler: dict[str, Any] = field(default_factory=dict)
 
 
+EVAL_UNITS = ("token", "word")  # eval.units: the fixed evaluation masks' units
+
+
 @dataclass
 class EvalConfig:
     """Fixed evaluation masks: the validation set is masked once with these settings, identical for every run."""
@@ -140,6 +143,11 @@ class EvalConfig:
     rate: float = 0.15
     seed: int = 1234
     replace: ReplaceConfig = field(default_factory=ReplaceConfig)
+    # the units the fixed masks select (Bernoulli per unit at eval.rate): the first feeds validation during training
+    # (val/mlm_loss_r15); each further one is scored once at the end (objective=mlm), ``word`` as val/mlm_loss_r15w
+    # (whole words from the blocks' word_ids): token-level masks favour token-level training, so mask units are ranked
+    # fairly only at each unit's own masks
+    units: list[str] = field(default_factory=lambda: ["token"])
     # curves over pretraining (mlmlab/lit/curves.py): every N steps, BLiMP (the downstream.tasks of kind minimal_pairs,
     # zeroshot_n_per_paradigm pairs each) and the linear probe of the other downstream tasks; null: off
     zeroshot_every_n_steps: int | None = None
@@ -579,6 +587,12 @@ def validate(cfg: DictConfig) -> None:
             find_data_path(str(sampler.get(key)), cfg.paths.get("data_dir"), f"mask.sampler.{key}")
     _check_rate("eval.rate", cfg.eval.rate)
     _check_replace("eval.replace", cfg.eval.replace)
+    units = list(cfg.eval.get("units") or [])
+    _check(bool(units) and all(u in EVAL_UNITS for u in units) and len(set(units)) == len(units),
+           f"eval.units={units} must be a non-empty list of distinct units; allowed: {', '.join(EVAL_UNITS)}")
+    _check(len(units) == 1 or cfg.objective.name == "mlm",
+           f"eval.units={units}: units after the first are scored at the end for objective=mlm only "
+           f"(objective={cfg.objective.name})")
     n = cfg.eval.get("zeroshot_every_n_steps")
     _check(n is None or n >= 1, f"eval.zeroshot_every_n_steps={n} must be >= 1 or null (off)")
     _check(cfg.eval.get("zeroshot_n_per_paradigm", 1) >= 1,

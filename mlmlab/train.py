@@ -11,7 +11,7 @@ import logging
 import os
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +41,9 @@ def hydra_info() -> dict:
             "parallel_jobs": (os.cpu_count() if n_jobs == -1 else n_jobs) if isinstance(n_jobs, int) else None}
 
 
-def eval_suffix(rate: float) -> str:
-    return f"r{round(rate * 100, 2):g}"
+def eval_suffix(rate: float, unit: str = "token") -> str:
+    """The fixed-mask metrics' suffix: ``r15`` (token masks at 15%), ``r15w`` (whole-word masks)."""
+    return f"r{round(rate * 100, 2):g}" + {"token": "", "word": "w"}[unit]
 
 
 def wandb_group(cfg: DictConfig, info: dict) -> str:
@@ -289,6 +290,7 @@ class MaskingPlan:
     recipe: Any  # mlmlab.masking.MaskingRecipe
     fixed: Any  # MaskedBatch of the validation blocks
     val: dict  # what the data module serves for validation
+    extra_val: dict = field(default_factory=dict)  # eval.units after the first: {unit: validation dict}, scored at the end
 
     @property
     def sampler(self):
@@ -322,7 +324,7 @@ def _run(cfg: DictConfig, job: Job) -> dict[str, float]:
     module, trainer, guard, curve, ckpt_path = build_pretraining(cfg, config, info, out_dir, record, data, masking,
                                                                  dm, encoder_cfg, max_steps, budget, run)
     metrics = pretrain(cfg, out_dir, record, trainer, module, dm, guard, curve, ckpt_path, budget)
-    metrics.update(evaluate(record, trainer, module, dm))
+    metrics.update(evaluate(record, trainer, module, dm, cfg, data, masking))
     if not trainer.is_global_zero:
         return metrics
     metrics.update(downstream(cfg, config, info, out_dir, record, data, encoder_cfg, module))
@@ -355,18 +357,23 @@ def prepare_data(cfg: DictConfig) -> Data:
 
 def build_masking_plan(cfg: DictConfig, data: Data) -> MaskingPlan:
     """Stage 2: ``mask.*`` -> the replacement sampler (data-dependent checks: ConfigError naming the key) and the rate
-    schedule; ``eval.*`` -> the fixed evaluation masks (token units, Bernoulli, uniform replacements)."""
+    schedule; ``eval.*`` -> the fixed evaluation masks (Bernoulli per unit of ``eval.units``, uniform replacements)."""
     from mlmlab.data.tokenizer import MASK, PAD
     from mlmlab.masking import mask_once
     from mlmlab.masking.replacement import UniformSampler
 
     recipe = build_recipe(cfg, data.ctx, data.train_blocks)
     e, vb = cfg.eval, data.val_blocks
-    fixed = mask_once(vb["input_ids"], vb["special_tokens_mask"], e.rate, MASK,
-                      (e.replace.mask, e.replace.random, e.replace.keep), UniformSampler(data.ctx), e.seed)
-    val = {"input_ids": fixed.input_ids, "labels": fixed.labels, "attention_mask": vb["input_ids"] != PAD,
-           "original_ids": vb["input_ids"], "special_tokens_mask": vb["special_tokens_mask"]}
-    return MaskingPlan(recipe, fixed, val)
+    sets = {}
+    for unit in list(e.get("units") or ["token"]):
+        fixed = mask_once(vb["input_ids"], vb["special_tokens_mask"], e.rate, MASK,
+                          (e.replace.mask, e.replace.random, e.replace.keep), UniformSampler(data.ctx), e.seed,
+                          unit=unit, word_ids=vb.get("word_ids") if unit == "word" else None)
+        sets[unit] = fixed, {"input_ids": fixed.input_ids, "labels": fixed.labels,
+                             "attention_mask": vb["input_ids"] != PAD, "original_ids": vb["input_ids"],
+                             "special_tokens_mask": vb["special_tokens_mask"]}
+    (fixed, val), *_ = sets.values()
+    return MaskingPlan(recipe, fixed, val, {u: v for u, (_, v) in list(sets.items())[1:]})
 
 
 def datamodule(cfg: DictConfig, data: Data, masking: MaskingPlan):
@@ -563,11 +570,22 @@ def pretrain(cfg: DictConfig, out_dir: Path, record, trainer, module, dm, guard,
     return metrics
 
 
-def evaluate(record, trainer, module, dm) -> dict[str, float]:
-    """Stage 8: the fixed-mask validation losses (``val/mlm_loss_r<rate>``)."""
+def evaluate(record, trainer, module, dm, cfg: DictConfig, data: Data, masking: MaskingPlan) -> dict[str, float]:
+    """Stage 8: the fixed-mask validation losses (``val/mlm_loss_r<rate>``), then those of each further unit of
+    ``eval.units`` (``val/mlm_loss_r<rate>w``: the same validation blocks, whole-word masks)."""
     with record.timer("eval"):
         (val_metrics,) = trainer.validate(module, datamodule=dm, verbose=False)
-    return {k: float(v) for k, v in val_metrics.items()}
+        out = {k: float(v) for k, v in val_metrics.items()}
+        main_suffix = module.eval_suffix
+        for unit, val in masking.extra_val.items():
+            module.eval_suffix = eval_suffix(cfg.eval.rate, unit)
+            try:
+                (extra,) = trainer.validate(module, datamodule=datamodule(cfg, data, replace(masking, val=val)),
+                                            verbose=False)
+            finally:
+                module.eval_suffix = main_suffix
+            out.update({k: float(v) for k, v in extra.items() if k.endswith(f"_{eval_suffix(cfg.eval.rate, unit)}")})
+    return out
 
 
 def downstream(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, data: Data, encoder_cfg: dict,
@@ -745,7 +763,8 @@ def build_module(cfg: DictConfig, encoder_cfg: dict, max_steps: int, recipe=None
     if recipe is None:
         recipe = recipe_without_data(cfg, encoder_cfg["vocab_size"])
     cls = ElectraModule if cfg.objective.name == "electra" else MLMModule
-    return cls(encoder_cfg, recipe, optim, cfg.seed, max_steps, eval_suffix(cfg.eval.rate),
+    return cls(encoder_cfg, recipe, optim, cfg.seed, max_steps, eval_suffix(cfg.eval.rate, (cfg.eval.get("units") or
+                                                                                           ["token"])[0]),
                objective=OmegaConf.to_container(cfg.objective))
 
 

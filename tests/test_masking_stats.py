@@ -287,6 +287,25 @@ def test_mask_once_is_fixed():
     assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.labels, b.labels)
 
 
+def test_mask_once_by_whole_words():
+    """eval.units=[word]: the fixed masks select whole words (every token of a word or none), at about the same token
+    rate; the token masks are unchanged by the new arguments (unit=token is the default)."""
+    ids, special, _ = batch(16, 64)
+    word_ids = torch.arange(64).div(3, rounding_mode="floor").expand(16, 64).contiguous()  # 3-token words
+    tok = mask_once(ids, special, 0.15, MASK_ID, (0.8, 0.1, 0.1), uniform(), 1234)
+    assert torch.equal(tok.labels, mask_once(ids, special, 0.15, MASK_ID, (0.8, 0.1, 0.1), uniform(), 1234,
+                                             unit="token", word_ids=word_ids).labels)
+    w = mask_once(ids, special, 0.15, MASK_ID, (0.8, 0.1, 0.1), uniform(), 1234, unit="word", word_ids=word_ids)
+    selected = (w.labels != -100) & ~special.bool()
+    for row, wid, sp in zip(selected, word_ids, special.bool()):
+        for u in wid[~sp].unique():
+            inside = row[(wid == u) & ~sp]
+            assert inside.all() or not inside.any()  # whole words only
+    assert 0.08 < selected.float().sum() / (~special.bool()).sum() < 0.25
+    with pytest.raises(ValueError, match="needs word_ids"):
+        mask_once(ids, special, 0.15, MASK_ID, (0.8, 0.1, 0.1), uniform(), 1234, unit="word")
+
+
 def test_bad_masker_arguments_rejected():
     with pytest.raises(ValueError, match="sum to 1"):
         BertMasker(MASK_ID, 0.9, 0.1, 0.1, sampler=uniform())

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from mlmlab.analysis import load_runs, read_wandb_offline, wandb_run_dirs
 from mlmlab.data.corpus import get_blocks
@@ -71,6 +72,21 @@ def test_eval_masks_do_not_depend_on_training_mask(cfg_factory):
                       UniformSampler(SamplerContext(tok.get_vocab_size(), tuple(range(len(SPECIAL_TOKENS))))), e.seed)
         masks.append(m)
     assert torch.equal(masks[0].input_ids, masks[1].input_ids) and torch.equal(masks[0].labels, masks[1].labels)
+
+
+def test_eval_units_score_whole_word_masks_at_the_end(cfg_factory, tmp_path):
+    """eval.units=[token,word]: the token-level fixed-mask loss as before, plus val/mlm_loss_r15w on whole-word masks of
+    the same validation blocks (scored once, at the end); a resume may add units (evaluation only)."""
+    from mlmlab.checkpoint import RESUME_FREE, config_diff
+
+    base = ("logger=none", "downstream=none", "callbacks.checkpoint=false")
+    one = train(cfg_factory(*base, output_dir=tmp_path / "token"))
+    both = train(cfg_factory(*base, "eval.units=[token,word]", output_dir=tmp_path / "both"))
+    assert both["val/mlm_loss_r15"] == one["val/mlm_loss_r15"] and both["train/mlm_loss"] == one["train/mlm_loss"]
+    assert "val/mlm_loss_r15w" in both and "val/mlm_acc_r15w" in both and "val/mlm_loss_r15w" not in one
+    assert both["val/mlm_loss_r15w"] != both["val/mlm_loss_r15"]
+    before = OmegaConf.to_container(cfg_factory(*base))
+    assert config_diff(before, OmegaConf.to_container(cfg_factory(*base, "eval.units=[token,word]")), RESUME_FREE) == []
 
 
 def test_objective_none_skips_pretraining_and_same_val_set(cfg_factory, tmp_path, job):

@@ -61,6 +61,10 @@ BAD = [
     (["data.max_seq_len=256"], "exceeds model.max_position_embeddings=128"),
     (["tokenizer.vocab_size=3"], "must be larger than the 5 special tokens"),
     (["eval.rate=1.0"], "eval.rate=1.0 must be in the open interval"),
+    (["eval.units=[token,phrase]"], "eval.units=['token', 'phrase'] must be a non-empty list of distinct units; "
+                                    "allowed: token, word"),
+    (["eval.units=[]"], "eval.units=[] must be a non-empty list"),
+    (["eval.units=[token,word]", "objective=electra"], "units after the first are scored at the end for objective=mlm"),
     (["logger.wandb.mode=bogus"], "allowed: offline, online, disabled"),
     (["trainer.threads=0"], "trainer.threads=0; allowed: auto, or an integer >= 1"),
     (["trainer.threads=many"], "trainer.threads='many'; allowed: auto, or an integer >= 1"),

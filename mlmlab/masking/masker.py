@@ -298,9 +298,11 @@ class Masker:
         return MaskedBatch(out_ids, labels, kind, n_units=predict_u.sum(1))
 
 
-def BertMasker(mask_token_id: int, mask: float, random: float, keep: float, sampler) -> Masker:  # noqa: N802
-    """BERT's recipe: tokens selected independently with probability ``rate``, then 80/10/10 (the fixed eval masks)."""
-    return Masker(mask_token_id, mask, random, keep, sampler=sampler)
+def BertMasker(mask_token_id: int, mask: float, random: float, keep: float, sampler,  # noqa: N802
+               unit: str = "token") -> Masker:
+    """BERT's recipe: units (tokens, or whole words) selected independently with probability ``rate``, then 80/10/10
+    (the fixed eval masks)."""
+    return Masker(mask_token_id, mask, random, keep, sampler=sampler, unit=unit)
 
 
 @dataclass(frozen=True)
@@ -358,8 +360,11 @@ def telemetry(original: torch.Tensor, special_tokens_mask: torch.Tensor, out: Ma
 
 
 def mask_once(input_ids: torch.Tensor, special_tokens_mask: torch.Tensor, rate: float, mask_token_id: int,
-              replace: tuple[float, float, float], sampler, seed: int) -> MaskedBatch:
+              replace: tuple[float, float, float], sampler, seed: int, unit: str = "token",
+              word_ids: torch.Tensor | None = None) -> MaskedBatch:
     """Mask a whole tensor once with its own seed: the fixed evaluation masks, identical for every run that shares
-    the validation data and these arguments -- whatever the training masking (token units, Bernoulli, uniform)."""
+    the validation data and these arguments -- whatever the training masking (Bernoulli per ``unit``: tokens, or whole
+    words from ``word_ids``; uniform replacements)."""
     src = GeneratorSource(make_generator(input_ids.device, seed), input_ids.shape[0], input_ids.device)
-    return BertMasker(mask_token_id, *replace, sampler=sampler)(input_ids, special_tokens_mask, rate, src)
+    return BertMasker(mask_token_id, *replace, sampler=sampler, unit=unit)(input_ids, special_tokens_mask, rate, src,
+                                                                           word_ids=word_ids)
