@@ -576,9 +576,8 @@ def evaluate(record, trainer, module, dm, cfg: DictConfig, data: Data, masking: 
     with record.timer("eval"):
         (val_metrics,) = trainer.validate(module, datamodule=dm, verbose=False)
         out = {k: float(v) for k, v in val_metrics.items()}
-        main_suffix = module.eval_suffix
-        for unit, val in masking.extra_val.items():
-            module.eval_suffix = eval_suffix(cfg.eval.rate, unit)
+        for unit, val in masking.extra_val.items():  # objective=mlm only (validated): CLM modules have no suffix
+            main_suffix, module.eval_suffix = module.eval_suffix, eval_suffix(cfg.eval.rate, unit)
             try:
                 (extra,) = trainer.validate(module, datamodule=datamodule(cfg, data, replace(masking, val=val)),
                                             verbose=False)
