@@ -146,8 +146,8 @@ class EvalConfig:
     # the units the fixed masks select (Bernoulli per unit at eval.rate): the first feeds validation during training
     # (val/mlm_loss_r15); each further one is scored once at the end (objective=mlm), ``word`` as val/mlm_loss_r15w
     # (whole words from the blocks' word_ids): token-level masks favour token-level training, so mask units are ranked
-    # fairly only at each unit's own masks
-    units: list[str] = field(default_factory=lambda: ["token"])
+    # fairly only at each unit's own masks. null = [token] (so records made before this key existed stay the same config)
+    units: list[str] | None = None
     # curves over pretraining (mlmlab/lit/curves.py): every N steps, BLiMP (the downstream.tasks of kind minimal_pairs,
     # zeroshot_n_per_paradigm pairs each) and the linear probe of the other downstream tasks; null: off
     zeroshot_every_n_steps: int | None = None
@@ -587,9 +587,10 @@ def validate(cfg: DictConfig) -> None:
             find_data_path(str(sampler.get(key)), cfg.paths.get("data_dir"), f"mask.sampler.{key}")
     _check_rate("eval.rate", cfg.eval.rate)
     _check_replace("eval.replace", cfg.eval.replace)
-    units = list(cfg.eval.get("units") or [])
+    units = ["token"] if cfg.eval.get("units") is None else list(cfg.eval.units)
     _check(bool(units) and all(u in EVAL_UNITS for u in units) and len(set(units)) == len(units),
-           f"eval.units={units} must be a non-empty list of distinct units; allowed: {', '.join(EVAL_UNITS)}")
+           f"eval.units={units} must be a non-empty list of distinct units (or null: [token]); allowed: "
+           f"{', '.join(EVAL_UNITS)}")
     _check(len(units) == 1 or cfg.objective.name == "mlm",
            f"eval.units={units}: units after the first are scored at the end for objective=mlm only "
            f"(objective={cfg.objective.name})")

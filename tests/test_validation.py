@@ -61,8 +61,8 @@ BAD = [
     (["data.max_seq_len=256"], "exceeds model.max_position_embeddings=128"),
     (["tokenizer.vocab_size=3"], "must be larger than the 5 special tokens"),
     (["eval.rate=1.0"], "eval.rate=1.0 must be in the open interval"),
-    (["eval.units=[token,phrase]"], "eval.units=['token', 'phrase'] must be a non-empty list of distinct units; "
-                                    "allowed: token, word"),
+    (["eval.units=[token,phrase]"], "eval.units=['token', 'phrase'] must be a non-empty list of distinct units (or "
+                                    "null: [token]); allowed: token, word"),
     (["eval.units=[]"], "eval.units=[] must be a non-empty list"),
     (["eval.units=[token,word]", "objective=electra"], "units after the first are scored at the end for objective=mlm"),
     (["logger.wandb.mode=bogus"], "allowed: offline, online, disabled"),
