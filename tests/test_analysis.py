@@ -163,3 +163,17 @@ def test_load_runs_from_the_wandb_api(monkeypatch):
     monkeypatch.setattr(wandb, "Api", down)
     with pytest.raises(A.NoRunsError, match="could not read runs from the W&B API"):
         A.load_runs("wandb:ent/mlmlab")
+
+
+def test_schedules_notebook_reads_the_committed_records(monkeypatch, tmp_path):
+    """04_schedules.ipynb on its default source, docs/results/real_en_schedules: four arms with different schedule
+    classes (their config keys differ, NaN in each other's rows), each schedule rebuilt and drawn."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.delenv("MLMLAB_SWEEP_DIR", raising=False)
+    nb = nbformat.read(ROOT / "analysis" / "04_schedules.ipynb", as_version=4)
+    NotebookClient(nb, timeout=180, kernel_name="python3",
+                   resources={"metadata": {"path": str(ROOT / "analysis")}}).execute()
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "ankner_linear: linear 0.3 -> 0.15 over 1200 steps" in text and "bert: constant 0.15 over 1200 steps" in text
