@@ -136,6 +136,11 @@ class MaskConfig:
 EVAL_UNITS = ("token", "word")  # eval.units: the fixed evaluation masks' units
 
 
+def eval_units(cfg) -> list[str]:
+    """``eval.units`` with its null default resolved (``[token]``): the one reading of the key."""
+    return ["token"] if cfg.eval.get("units") is None else list(cfg.eval.units)
+
+
 @dataclass
 class EvalConfig:
     """Fixed evaluation masks: the validation set is masked once with these settings, identical for every run."""
@@ -587,7 +592,7 @@ def validate(cfg: DictConfig) -> None:
             find_data_path(str(sampler.get(key)), cfg.paths.get("data_dir"), f"mask.sampler.{key}")
     _check_rate("eval.rate", cfg.eval.rate)
     _check_replace("eval.replace", cfg.eval.replace)
-    units = ["token"] if cfg.eval.get("units") is None else list(cfg.eval.units)
+    units = eval_units(cfg)
     _check(bool(units) and all(u in EVAL_UNITS for u in units) and len(set(units)) == len(units),
            f"eval.units={units} must be a non-empty list of distinct units (or null: [token]); allowed: "
            f"{', '.join(EVAL_UNITS)}")

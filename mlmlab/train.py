@@ -19,7 +19,7 @@ import hydra
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
-from mlmlab.config import ConfigError, to_container, validate
+from mlmlab.config import ConfigError, eval_units, to_container, validate
 
 log = logging.getLogger(__name__)
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -365,7 +365,7 @@ def build_masking_plan(cfg: DictConfig, data: Data) -> MaskingPlan:
     recipe = build_recipe(cfg, data.ctx, data.train_blocks)
     e, vb = cfg.eval, data.val_blocks
     sets = {}
-    for unit in list(e.get("units") or ["token"]):
+    for unit in eval_units(cfg):
         fixed = mask_once(vb["input_ids"], vb["special_tokens_mask"], e.rate, MASK,
                           (e.replace.mask, e.replace.random, e.replace.keep), UniformSampler(data.ctx), e.seed,
                           unit=unit, word_ids=vb.get("word_ids") if unit == "word" else None)
@@ -762,8 +762,7 @@ def build_module(cfg: DictConfig, encoder_cfg: dict, max_steps: int, recipe=None
     if recipe is None:
         recipe = recipe_without_data(cfg, encoder_cfg["vocab_size"])
     cls = ElectraModule if cfg.objective.name == "electra" else MLMModule
-    return cls(encoder_cfg, recipe, optim, cfg.seed, max_steps, eval_suffix(cfg.eval.rate, (cfg.eval.get("units") or
-                                                                                           ["token"])[0]),
+    return cls(encoder_cfg, recipe, optim, cfg.seed, max_steps, eval_suffix(cfg.eval.rate, eval_units(cfg)[0]),
                objective=OmegaConf.to_container(cfg.objective))
 
 
