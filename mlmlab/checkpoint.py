@@ -140,7 +140,8 @@ def resume_wandb_id(resume: str | None) -> str | None:
 # what may differ between a checkpoint's run and the run that resumes it (nothing of the pretraining itself)
 RESUME_FREE = ("paths", "resume", "skip_completed", "logger", "downstream", "trainer.checkpoint_every_n_steps",
                "trainer.nonfinite", "trainer.enable_progress_bar", "data.num_workers", "data.num_proc",
-               "eval.zeroshot_every_n_steps", "eval.zeroshot_n_per_paradigm", "eval.units")
+               "eval.zeroshot_every_n_steps", "eval.zeroshot_n_per_paradigm", "eval.units",
+               "eval.per_source")
 
 
 def _flatten(d, prefix: str = "") -> dict:

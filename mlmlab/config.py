@@ -153,6 +153,10 @@ class EvalConfig:
     # (whole words from the blocks' word_ids): token-level masks favour token-level training, so mask units are ranked
     # fairly only at each unit's own masks. null = [token] (so records made before this key existed stay the same config)
     units: list[str] | None = None
+    # data.mix only: also score the fixed masks (first unit) on each source's validation documents packed on their own,
+    # once at the end (objective=mlm), as val/mlm_loss_r15_mix<i>: the mixture's validation blocks hold at most
+    # data.max_val_blocks, taken in source order, so the main loss may see one source only (finance_mix: IMDB)
+    per_source: bool = False
     # curves over pretraining (mlmlab/lit/curves.py): every N steps, BLiMP (the downstream.tasks of kind minimal_pairs,
     # zeroshot_n_per_paradigm pairs each) and the linear probe of the other downstream tasks; null: off
     zeroshot_every_n_steps: int | None = None
@@ -598,6 +602,14 @@ def validate(cfg: DictConfig) -> None:
            f"{', '.join(EVAL_UNITS)}")
     _check(len(units) == 1 or cfg.objective.name == "mlm",
            f"eval.units={units}: units after the first are scored at the end for objective=mlm only "
+           f"(objective={cfg.objective.name})")
+    per_source = cfg.eval.get("per_source", False)
+    _check(isinstance(per_source, bool), f"eval.per_source={per_source!r} must be true or false")
+    _check(not per_source or bool(cfg.data.get("mix")),
+           f"eval.per_source=true scores each source of data.mix separately; data={cfg.data.get('name')} has no "
+           f"data.mix (allowed: false, or a mixture such as data=finance_mix, medical_mix)")
+    _check(not per_source or cfg.objective.name == "mlm",
+           f"eval.per_source=true: the per-source losses are scored at the end for objective=mlm only "
            f"(objective={cfg.objective.name})")
     n = cfg.eval.get("zeroshot_every_n_steps")
     _check(n is None or n >= 1, f"eval.zeroshot_every_n_steps={n} must be >= 1 or null (off)")

@@ -276,6 +276,7 @@ class Data:
     ctx: Any
     stats: dict
     packing: dict
+    source_val: list = field(default_factory=list)  # eval.per_source: each data.mix source's validation blocks
 
     @property
     def vocab_size(self) -> int:
@@ -290,7 +291,8 @@ class MaskingPlan:
     recipe: Any  # mlmlab.masking.MaskingRecipe
     fixed: Any  # MaskedBatch of the validation blocks
     val: dict  # what the data module serves for validation
-    extra_val: dict = field(default_factory=dict)  # eval.units after the first: {unit: validation dict}, scored at the end
+    # scored once at the end, {metric suffix: validation dict}: eval.units after the first (r15w), eval.per_source (r15_mix<i>)
+    extra_val: dict = field(default_factory=dict)
 
     @property
     def sampler(self):
@@ -335,7 +337,7 @@ def _run(cfg: DictConfig, job: Job) -> dict[str, float]:
 def prepare_data(cfg: DictConfig) -> Data:
     """Stage 1: every downstream task loaded (and checked) first -- a bad file or an unreachable hub fails before the
     corpus is tokenized -- then the tokenizer and the packed blocks (cached), and the sampler context."""
-    from mlmlab.data.corpus import block_stats, get_blocks
+    from mlmlab.data.corpus import block_stats, get_blocks, source_val_blocks
     from mlmlab.data.tasks import task_registry
     from mlmlab.data.vocab_stats import make_sampler_context
     from mlmlab.downstream import check_label_budgets
@@ -352,28 +354,33 @@ def prepare_data(cfg: DictConfig) -> Data:
                           f"allowed: 1..{n_train}")
     val_blocks = {k: v[: cfg.data.max_val_blocks] for k, v in blocks["validation"].items()}
     ctx = make_sampler_context(cfg, tok, blocks)
-    return Data(tok, train_blocks, val_blocks, ctx, block_stats(train_blocks), packing)
+    source_val = source_val_blocks(cfg, tok) if cfg.eval.get("per_source") else []
+    return Data(tok, train_blocks, val_blocks, ctx, block_stats(train_blocks), packing, source_val)
 
 
 def build_masking_plan(cfg: DictConfig, data: Data) -> MaskingPlan:
     """Stage 2: ``mask.*`` -> the replacement sampler (data-dependent checks: ConfigError naming the key) and the rate
-    schedule; ``eval.*`` -> the fixed evaluation masks (Bernoulli per unit of ``eval.units``, uniform replacements)."""
+    schedule; ``eval.*`` -> the fixed evaluation masks (Bernoulli per unit of ``eval.units``, uniform replacements), of
+    the validation blocks and (``eval.per_source``) of each mixture source's."""
     from mlmlab.data.tokenizer import MASK, PAD
     from mlmlab.masking import mask_once
     from mlmlab.masking.replacement import UniformSampler
 
     recipe = build_recipe(cfg, data.ctx, data.train_blocks)
-    e, vb = cfg.eval, data.val_blocks
-    sets = {}
-    for unit in eval_units(cfg):
+    e, units = cfg.eval, eval_units(cfg)
+
+    def masked(vb: dict, unit: str):
         fixed = mask_once(vb["input_ids"], vb["special_tokens_mask"], e.rate, MASK,
                           (e.replace.mask, e.replace.random, e.replace.keep), UniformSampler(data.ctx), e.seed,
                           unit=unit, word_ids=vb.get("word_ids") if unit == "word" else None)
-        sets[unit] = fixed, {"input_ids": fixed.input_ids, "labels": fixed.labels,
-                             "attention_mask": vb["input_ids"] != PAD, "original_ids": vb["input_ids"],
-                             "special_tokens_mask": vb["special_tokens_mask"]}
-    (fixed, val), *_ = sets.values()
-    return MaskingPlan(recipe, fixed, val, {u: v for u, (_, v) in list(sets.items())[1:]})
+        return fixed, {"input_ids": fixed.input_ids, "labels": fixed.labels, "attention_mask": vb["input_ids"] != PAD,
+                       "original_ids": vb["input_ids"], "special_tokens_mask": vb["special_tokens_mask"]}
+
+    fixed, val = masked(data.val_blocks, units[0])
+    extra = {eval_suffix(e.rate, u): masked(data.val_blocks, u)[1] for u in units[1:]}
+    extra.update({f"{eval_suffix(e.rate, units[0])}_mix{i}": masked(vb, units[0])[1]
+                  for i, vb in enumerate(data.source_val)})
+    return MaskingPlan(recipe, fixed, val, extra)
 
 
 def datamodule(cfg: DictConfig, data: Data, masking: MaskingPlan):
@@ -410,7 +417,12 @@ def plan_budget(cfg: DictConfig, data: Data, masking: MaskingPlan, record, info:
                      "eval_masked_tokens": int((masking.fixed.labels != -100).sum()),
                      # documents longer than a block: packed over consecutive blocks, never cut off (counted)
                      **({"long_docs": {k: v["long_docs"] for k, v in data.packing.items()},
-                         "packing": data.packing} if data.packing else {})})
+                         "packing": data.packing} if data.packing else {}),
+                     # eval.per_source: which source each val/mlm_loss_r15_mix<i> scores, on how many blocks
+                     **({"val_sources": [{"suffix": f"mix{i}", "source": str(s.get("val_path") or s.path),
+                                          "blocks": len(vb["input_ids"])}
+                                         for i, (s, vb) in enumerate(zip(cfg.data.mix, data.source_val))]}
+                        if data.source_val else {})})
     if cfg.objective.name != "clm":
         record.data["data"].update(unigram_reference(data.ctx.token_counts(), masking.fixed.labels))
     log.info("data: %s", record.data["data"])
@@ -572,18 +584,19 @@ def pretrain(cfg: DictConfig, out_dir: Path, record, trainer, module, dm, guard,
 
 def evaluate(record, trainer, module, dm, cfg: DictConfig, data: Data, masking: MaskingPlan) -> dict[str, float]:
     """Stage 8: the fixed-mask validation losses (``val/mlm_loss_r<rate>``), then those of each further unit of
-    ``eval.units`` (``val/mlm_loss_r<rate>w``: the same validation blocks, whole-word masks)."""
+    ``eval.units`` (``val/mlm_loss_r<rate>w``: the same validation blocks, whole-word masks) and, with
+    ``eval.per_source``, of each ``data.mix`` source's own validation blocks (``val/mlm_loss_r<rate>_mix<i>``)."""
     with record.timer("eval"):
         (val_metrics,) = trainer.validate(module, datamodule=dm, verbose=False)
         out = {k: float(v) for k, v in val_metrics.items()}
-        for unit, val in masking.extra_val.items():  # objective=mlm only (validated): CLM modules have no suffix
-            main_suffix, module.eval_suffix = module.eval_suffix, eval_suffix(cfg.eval.rate, unit)
+        for suffix, val in masking.extra_val.items():  # objective=mlm only (validated): CLM modules have no suffix
+            main_suffix, module.eval_suffix = module.eval_suffix, suffix
             try:
                 (extra,) = trainer.validate(module, datamodule=datamodule(cfg, data, replace(masking, val=val)),
                                             verbose=False)
             finally:
                 module.eval_suffix = main_suffix
-            out.update({k: float(v) for k, v in extra.items() if k.endswith(f"_{eval_suffix(cfg.eval.rate, unit)}")})
+            out.update({k: float(v) for k, v in extra.items() if k.endswith(f"_{suffix}")})
     return out
 
 

@@ -65,3 +65,36 @@ def test_a_preset_pretrains_end_to_end(cfg_factory):
                           "tokenizer.vocab_size=2000", "trainer.max_steps=3", "trainer.val_check_interval=3",
                           "downstream.tasks=[]", "logger=none", "callbacks.checkpoint=false"))
     assert m["train/steps"] == 3 and m["val/mlm_loss_r15"] > 0
+
+
+def test_per_source_losses_of_a_mixture(cfg_factory, tmp_path):
+    """eval.per_source=true: each source's validation documents packed on their own (source 0's blocks are the mixture's
+    first blocks; together they hold the mixture's tokens), scored at the end as val/mlm_loss_r15_mix<i>, recorded in
+    results.json; the main loss is unchanged, and a resume may add it (evaluation only)."""
+    import json
+
+    import torch
+    from omegaconf import OmegaConf
+
+    from mlmlab.checkpoint import RESUME_FREE, config_diff
+    from mlmlab.train import prepare_data
+
+    a, b = write(tmp_path, "a", "alpha", 300), write(tmp_path, "b", "beta gamma", 300)
+    base = ("data=text_files", "data.path=null", f"+data.mix=[{{path: '{a}', weight: 1}}, {{path: '{b}', weight: 1}}]",
+            "logger=none", "downstream=none", "callbacks.checkpoint=false")
+    cfg = cfg_factory(*base, "eval.per_source=true", output_dir=tmp_path / "per_source")
+    data = prepare_data(cfg)
+    s0, s1, mixed = data.source_val[0]["input_ids"], data.source_val[1]["input_ids"], data.val_blocks["input_ids"]
+    assert torch.equal(s0[:-1], mixed[: len(s0) - 1])
+    n_body = lambda x: int((x > 4).sum())  # noqa: E731 -- ids 0-4 are the special tokens
+    assert n_body(s0) + n_body(s1) == n_body(mixed) and n_body(s0) > 0 and n_body(s1) > 0
+    both = train(cfg)
+    one = train(cfg_factory(*base, output_dir=tmp_path / "main"))
+    assert both["val/mlm_loss_r15"] == one["val/mlm_loss_r15"] and "val/mlm_loss_r15_mix0" not in one
+    assert {"val/mlm_loss_r15_mix0", "val/mlm_acc_r15_mix0", "val/mlm_loss_r15_mix1"} <= set(both)
+    assert both["val/mlm_loss_r15_mix0"] != both["val/mlm_loss_r15_mix1"]
+    r = json.loads((tmp_path / "per_source" / "results.json").read_text())
+    assert [(v["suffix"], v["source"], v["blocks"]) for v in r["data"]["val_sources"]] == [
+        ("mix0", str(a), len(s0)), ("mix1", str(b), len(s1))]
+    before = OmegaConf.to_container(cfg_factory(*base))
+    assert config_diff(before, OmegaConf.to_container(cfg), RESUME_FREE) == []

@@ -65,6 +65,8 @@ BAD = [
                                     "null: [token]); allowed: token, word"),
     (["eval.units=[]"], "eval.units=[] must be a non-empty list"),
     (["eval.units=[token,word]", "objective=electra"], "units after the first are scored at the end for objective=mlm"),
+    (["eval.per_source=true"], "eval.per_source=true scores each source of data.mix separately; data=builtin has no "
+                               "data.mix (allowed: false, or a mixture"),
     (["logger.wandb.mode=bogus"], "allowed: offline, online, disabled"),
     (["trainer.threads=0"], "trainer.threads=0; allowed: auto, or an integer >= 1"),
     (["trainer.threads=many"], "trainer.threads='many'; allowed: auto, or an integer >= 1"),

@@ -164,7 +164,10 @@ def document_datasets(d: DictConfig, cache_dir: str | None = None) -> dict:
     """``{"train": Dataset, "validation": Dataset}`` (column ``text``): the built-in corpus (in memory), local text files
     or a mixture of them (memory-mapped Arrow under ``<cache_dir>/hf``), or a hub data set (``data.hub``); with
     ``data.strip_html`` the documents' markup removed."""
-    docs = _documents(d, cache_dir)
+    return _cleaned(d, _documents(d, cache_dir), cache_dir)
+
+
+def _cleaned(d: DictConfig, docs: dict, cache_dir: str | None) -> dict:
     if not d.get("strip_html"):
         return docs
     return {k: _clean(ds.map(lambda b: {"text": [strip_html(t) for t in b["text"]]}, batched=True,
@@ -254,6 +257,20 @@ def _mixture(d: DictConfig, cache_dir: str | None = None) -> dict:
     mixed = datasets.interleave_datasets([p["train"] for p in parts], probabilities=probs, seed=d.mix_seed,
                                          stopping_strategy="all_exhausted")
     return {"train": mixed, "validation": datasets.concatenate_datasets([p["validation"] for p in parts])}
+
+
+def source_val_blocks(cfg: DictConfig, tok) -> list[dict[str, torch.Tensor]]:
+    """``data.mix``: each source's validation documents packed on their own -- the same cleaning, tokenizer, word
+    segmenter and block length as the mixture's validation split (which is these documents in source order), at most
+    ``data.max_val_blocks`` blocks each -- for the per-source fixed-mask losses of ``eval.per_source``. In memory:
+    validation splits are small."""
+    d, cache_dir, out = cfg.data, cfg.paths.get("cache_dir"), []
+    for i, s in enumerate(d.mix):
+        val = _source(s.path, s.get("val_path"), d.doc_sep, d.val_fraction, f"data.mix[{i}]", cache_dir)["validation"]
+        texts = list(_cleaned(d, {"validation": val}, cache_dir)["validation"]["text"])
+        ids, words = tokenize(tok, texts, cfg.tokenizer.word_segmenter)
+        out.append({k: v[: cfg.data.max_val_blocks] for k, v in pack(ids, words, cfg.data.max_seq_len).items()})
+    return out
 
 
 def tokenizer_key(cfg: DictConfig) -> dict:
