@@ -155,7 +155,8 @@ def _compare_table(spec: dict, base: Path) -> str:
     """A sweep's arms against its baseline arm, one row per (arm, metric): baseline and arm means over pretraining
     seeds, the paired difference with its 95% t CI, p (paired t-test), n pairs, and the minimal detectable difference
     at 80% power (two-sided 5% paired t-test with this n and the observed std of the differences). ``source`` may list
-    several folders (two sweeps compared); ``exclude`` entries leave out the runs that match all their keys."""
+    several folders (two sweeps compared); ``exclude`` entries leave out the runs that match all their keys; ``names``
+    maps arm values to what the table prints (a sampler's class path -> ``uniform``)."""
     import pandas as pd
 
     from mlmlab.analysis import compare, load_runs
@@ -168,6 +169,8 @@ def _compare_table(spec: dict, base: Path) -> str:
             hit &= df[k] == v
         df = df[~hit]
     by, baseline = spec["by"], spec["baseline"]
+    names = {str(k): str(v) for k, v in (spec.get("names") or {}).items()}
+    name = lambda v: names.get(str(v), str(v))  # noqa: E731
     rows = []
     for m in spec["metrics"]:
         key, label, scale = m["key"], m.get("label", m["key"]), float(m.get("scale", 1))
@@ -178,7 +181,7 @@ def _compare_table(spec: dict, base: Path) -> str:
             fmt = m.get("fmt", ".3f")
             diff = f"{scale * r['diff']:+.{_digits(fmt)}f} ± {scale * r['diff_ci95']:.{_digits(fmt)}f}"
             mdd = _mdd(r["diff_std"], int(r["n"])) * scale
-            rows.append([label, f"{baseline} → {value}", _fmt(scale * r["baseline"], fmt),
+            rows.append([label, f"{name(baseline)} → {name(value)}", _fmt(scale * r["baseline"], fmt),
                          _fmt(scale * r["mean"], fmt), diff, _fmt(r["p_value"], "p"), str(int(r["n"])),
                          _fmt(mdd, f".{_digits(fmt)}f")])
     return _md(["metric", f"`{by}`", "baseline", "arm", "arm - baseline (95% CI)", "p", "pairs",

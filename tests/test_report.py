@@ -161,6 +161,11 @@ def test_compare_table_across_two_sweeps_with_exclusions(repo: Path):
     report.update(repo)
     row = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| downstream"))
     assert row.split(" | ")[1:5] == ["mlm → electra", "0.70", "0.76", "+0.06 ± 0.02"]
+    spec = (res / "tables.yaml").read_text()  # names: what the table prints for an arm's value
+    (res / "tables.yaml").write_text(spec + "  names: {mlm: MLM 40%, electra: ELECTRA}\n")
+    report.update(repo)
+    row = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| downstream"))
+    assert row.split(" | ")[1:3] == ["MLM 40% → ELECTRA", "0.70"]
 
 
 def test_items_table_pools_each_group_of_pairs_with_probe_and_zeroshot(repo: Path):
