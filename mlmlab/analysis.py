@@ -125,6 +125,10 @@ def _from_dir(root: Path, kind: str, job_type: str) -> tuple[list[dict], list[tu
 
 def _row_from_results(job_dir: Path, r: dict) -> dict:
     row = {"run_dir": str(job_dir), "status": r.get("status"), "overrides": " ".join(r.get("overrides") or [])}
+    # a fine-tuning job of an existing checkpoint (python -m mlmlab.finetune): the pretraining run's config fills the
+    # keys its own config lacks (seed, mask.*, objective.*), so its arms and pretraining seeds pair like the sweep's
+    pre = (r.get("source_checkpoint") or {}).get("pretrain_config")
+    row.update(_flatten(pre) if isinstance(pre, dict) else {})
     row.update(_flatten(r.get("config") or {}))
     row.update(r.get("metrics") or {})
     row.update({f"timings.{k}": v for k, v in (r.get("timings_s") or {}).items()})

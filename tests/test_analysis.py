@@ -46,6 +46,25 @@ def test_compare_pairs_by_seed_with_a_paired_t_test():
         A.aggregate(df, by="mask.rat")
 
 
+def test_finetune_records_pair_on_their_pretraining_run(tmp_path):
+    """Records of python -m mlmlab.finetune carry the pretraining config in source_checkpoint: its keys (seed, mask.*)
+    fill the row where the fine-tuning config has none, so a folder of them compares by the pretraining arm, paired
+    on the pretraining seed; the fine-tuning job's own keys win."""
+    for rate in (0.15, 0.4):
+        for seed in range(3):
+            d = tmp_path / f"{rate}_s{seed}"
+            d.mkdir()
+            pre = {"seed": seed, "mask": {"rate": rate}, "downstream": {"max_train_examples": 1000}}
+            (d / "results.json").write_text(json.dumps({
+                "status": "ok", "config": {"task": "t", "downstream": {"max_train_examples": [250]}},
+                "source_checkpoint": {"path": "x", "pretrain_config": pre},
+                "metrics": {"downstream/t@250/acc": 0.5 + rate * (1 + seed)}}))
+    df = A.load_runs(tmp_path)
+    assert sorted(df["seed"]) == [0, 0, 1, 1, 2, 2] and list(df["downstream.max_train_examples"]) == [(250,)] * 6
+    t = A.compare(df, by="mask.rate", baseline=0.15, metric="downstream/t@250/acc")
+    assert t.loc[0.4, "n"] == 3 and t.loc[0.4, "diff"] == pytest.approx(0.25 * 2)
+
+
 def test_load_runs_from_results_and_offline_wandb_agree(tiny_sweep):
     local = A.load_runs(tiny_sweep).sort_values("run_dir").reset_index(drop=True)
     wb = A.load_runs(tiny_sweep, source_kind="wandb").sort_values("run_dir").reset_index(drop=True)
