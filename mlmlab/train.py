@@ -8,6 +8,7 @@ metrics (usable from tests); ``main`` returns ``downstream/score`` for Hydra swe
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 import warnings
@@ -585,7 +586,8 @@ def pretrain(cfg: DictConfig, out_dir: Path, record, trainer, module, dm, guard,
 def evaluate(record, trainer, module, dm, cfg: DictConfig, data: Data, masking: MaskingPlan) -> dict[str, float]:
     """Stage 8: the fixed-mask validation losses (``val/mlm_loss_r<rate>``), then those of each further unit of
     ``eval.units`` (``val/mlm_loss_r<rate>w``: the same validation blocks, whole-word masks) and, with
-    ``eval.per_source``, of each ``data.mix`` source's own validation blocks (``val/mlm_loss_r<rate>_mix<i>``)."""
+    ``eval.per_source``, of each ``data.mix`` source's own validation blocks (``val/mlm_loss_r<rate>_mix<i>``); each also
+    split by what the masks showed at the predicted position (``val/mlm_loss_at_{mask,random,keep}_r<rate>``)."""
     with record.timer("eval"):
         (val_metrics,) = trainer.validate(module, datamodule=dm, verbose=False)
         out = {k: float(v) for k, v in val_metrics.items()}
@@ -597,7 +599,8 @@ def evaluate(record, trainer, module, dm, cfg: DictConfig, data: Data, masking: 
             finally:
                 module.eval_suffix = main_suffix
             out.update({k: float(v) for k, v in extra.items() if k.endswith(f"_{suffix}")})
-    return out
+    # a corruption kind the fixed masks do not use (eval.replace.random=0: no random positions) has no loss
+    return {k: v for k, v in out.items() if not ("/mlm_loss_at_" in k and math.isnan(v))}
 
 
 def downstream(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, data: Data, encoder_cfg: dict,

@@ -85,8 +85,33 @@ def test_eval_units_score_whole_word_masks_at_the_end(cfg_factory, tmp_path):
     assert both["val/mlm_loss_r15"] == one["val/mlm_loss_r15"] and both["train/mlm_loss"] == one["train/mlm_loss"]
     assert "val/mlm_loss_r15w" in both and "val/mlm_acc_r15w" in both and "val/mlm_loss_r15w" not in one
     assert both["val/mlm_loss_r15w"] != both["val/mlm_loss_r15"]
+    assert {"val/mlm_loss_at_mask_r15w", "val/mlm_loss_at_random_r15w", "val/mlm_loss_at_keep_r15w"} <= set(both)
     before = OmegaConf.to_container(cfg_factory(*base))
     assert config_diff(before, OmegaConf.to_container(cfg_factory(*base, "eval.units=[token,word]")), RESUME_FREE) == []
+
+
+def test_fixed_mask_loss_split_by_what_the_masks_showed(cfg_factory, tmp_path):
+    """val/mlm_loss_at_{mask,random,keep}_r15: the fixed-mask loss at the positions the masks showed as [MASK], a random
+    token or the original; their mean weighted by each kind's count is the loss itself. A kind the eval masks do not
+    use has no loss (not a NaN)."""
+    from mlmlab.data.tokenizer import MASK
+    from mlmlab.train import build_masking_plan, prepare_data
+
+    base = ("logger=none", "downstream=none", "callbacks.checkpoint=false")
+    cfg = cfg_factory(*base, output_dir=tmp_path / "a")
+    m = train(cfg)
+    fixed = build_masking_plan(cfg, prepare_data(cfg)).fixed
+    sel = fixed.labels != -100
+    shown, target = fixed.input_ids[sel], fixed.labels[sel]
+    counts = {"mask": int((shown == MASK).sum()), "keep": int((shown == target).sum())}
+    counts["random"] = int(sel.sum()) - counts["mask"] - counts["keep"]
+    assert min(counts.values()) > 0
+    pooled = sum(m[f"val/mlm_loss_at_{k}_r15"] * n for k, n in counts.items()) / sum(counts.values())
+    assert pooled == pytest.approx(m["val/mlm_loss_r15"], rel=1e-4)
+    only = train(cfg_factory(*base, "eval.replace.mask=1.0", "eval.replace.random=0.0", "eval.replace.keep=0.0",
+                             output_dir=tmp_path / "b"))
+    assert only["val/mlm_loss_at_mask_r15"] == pytest.approx(only["val/mlm_loss_r15"], rel=1e-6)
+    assert "val/mlm_loss_at_random_r15" not in only and "val/mlm_loss_at_keep_r15" not in only
 
 
 def test_objective_none_skips_pretraining_and_same_val_set(cfg_factory, tmp_path, job):

@@ -86,11 +86,22 @@ class MLMModule(pl.LightningModule):
         return loss
 
     def validation_step(self, batch, batch_idx):
-        loss, logits, targets = self.model.mlm_loss(batch["input_ids"], batch["attention_mask"], batch["labels"])
+        ids, labels = batch["input_ids"], batch["labels"]
+        loss, logits, targets = self.model.mlm_loss(ids, batch["attention_mask"], labels)
         n = max(1, targets.numel())  # token-weighted mean over the whole fixed-mask set
         acc = (logits.argmax(-1) == targets).float().mean() if targets.numel() else loss.new_zeros(())
         log_weighted(self, f"val/mlm_loss_{self.eval_suffix}", loss, n, prog_bar=True)
         log_weighted(self, f"val/mlm_acc_{self.eval_suffix}", acc, n)
+        # the same loss split by what the fixed masks showed at each predicted position: [MASK], a random token, the
+        # original kept (a random draw equal to the original counts as kept). Arms trained on other splits or samplers
+        # are scored fairly on [MASK] positions; an arm that never saw a random or kept token errs at those.
+        shown = ids[labels != -100]
+        per_token = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
+        mask_id = self.masking.masker.mask_token_id
+        for kind, at in (("mask", shown == mask_id), ("random", (shown != mask_id) & (shown != targets)),
+                         ("keep", shown == targets)):
+            k = int(at.sum())  # every batch logs every kind (k may be 0), so DDP ranks stay in step
+            log_weighted(self, f"val/mlm_loss_at_{kind}_{self.eval_suffix}", per_token[at].sum() / max(k, 1), k)
 
     def configure_optimizers(self):
         return adamw_from_cfg(self.model, self.hparams.optim, self.max_steps)
