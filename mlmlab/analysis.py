@@ -208,11 +208,29 @@ def load_history(source: str | Path, keys: Sequence[str] = ("train/mask_rate",),
 
 def _columns(df: pd.DataFrame, names: str | Iterable[str]) -> list[str]:
     names = [names] if isinstance(names, str) else list(names)
+    for n in names:
+        if n not in df.columns:
+            _add_dict_column(df, n)
     missing = [n for n in names if n not in df.columns]
     if missing:
         near = [c for c in df.columns if any(m.split(".")[-1] in c for m in missing)][:8]
         raise KeyError(f"no column {missing} in the runs; similar: {near or '-'}")
     return names
+
+
+def _add_dict_column(df: pd.DataFrame, name: str) -> None:
+    """A dict-valued config key (``mask.replace``: flattened to ``mask.replace.mask`` / ``.random`` / ``.keep``) as
+    one column ``name`` (in place), its values written as the override that sets it: ``{mask:0.8,random:0.1,keep:0.1}``,
+    so ``by=mask.replace baseline="{mask:0.8,random:0.1,keep:0.1}"`` groups and pairs the arms of a split sweep."""
+    parts = [c for c in df.columns if c.startswith(name + ".")]
+    if not parts:
+        return
+    df[name] = ["{" + ",".join(f"{c[len(name) + 1:]}:{row[c]}" for c in parts if not _missing(row[c])) + "}"
+                for _, row in df[parts].iterrows()]
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
 
 
 def t_ci(std: float, n: int, level: float = 0.95) -> float:

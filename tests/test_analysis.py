@@ -65,6 +65,32 @@ def test_finetune_records_pair_on_their_pretraining_run(tmp_path):
     assert t.loc[0.4, "n"] == 3 and t.loc[0.4, "diff"] == pytest.approx(0.25 * 2)
 
 
+def test_a_dict_valued_key_groups_as_its_override(tmp_path, capsys):
+    """by=mask.replace (a split sweep's dict key, flattened to .mask/.random/.keep in the rows) groups the arms by the
+    override that set them, and baseline= takes that same text, as the ratio sweeps' compare one-liners say."""
+    splits = {"{mask:0.8,random:0.1,keep:0.1}": 0.0, "{mask:1.0,random:0.0,keep:0.0}": 0.1,
+              "{mask:0.8,random:0.0,keep:0.2}": -0.2}
+    for i, (text, shift) in enumerate(splits.items()):
+        m, r, k = (float(x.split(":")[1]) for x in text.strip("{}").split(","))
+        for seed in range(3):
+            d = tmp_path / f"{i}_s{seed}"
+            d.mkdir()
+            (d / "results.json").write_text(json.dumps({
+                "status": "ok", "config": {"seed": seed, "mask": {"rate": 0.4, "replace": {"mask": m, "random": r,
+                                                                                          "keep": k}}},
+                "metrics": {"downstream/score": 0.5 + 0.01 * seed + shift}}))
+    rc = A.main([str(tmp_path), "by=mask.replace", "baseline={mask:0.8,random:0.1,keep:0.1}"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "9 runs" in out
+    t = A.compare(A.load_runs(tmp_path), by="mask.replace", baseline="{mask:0.8,random:0.1,keep:0.1}")
+    assert sorted(t.index) == ["{mask:0.8,random:0.0,keep:0.2}", "{mask:1.0,random:0.0,keep:0.0}"]
+    assert t.loc["{mask:1.0,random:0.0,keep:0.0}", "diff"] == pytest.approx(0.1)
+    assert t.loc["{mask:0.8,random:0.0,keep:0.2}", "n"] == 3
+    assert t.loc["{mask:0.8,random:0.0,keep:0.2}", "diff"] == pytest.approx(-0.2)
+    assert A.main([str(tmp_path), "by=mask.replac"]) == 2  # a misspelt key is still an error, not a prefix match
+    assert "no column" in capsys.readouterr().err
+
+
 def test_load_runs_from_results_and_offline_wandb_agree(tiny_sweep):
     local = A.load_runs(tiny_sweep).sort_values("run_dir").reset_index(drop=True)
     wb = A.load_runs(tiny_sweep, source_kind="wandb").sort_values("run_dir").reset_index(drop=True)
