@@ -169,6 +169,8 @@ def test_notebooks_execute(notebook, tiny_sweep, monkeypatch, tmp_path):
     text = "".join(o.get("text", "") for o in outputs)
     assert "4 runs from" in text
     assert any("image/png" in o.get("data", {}) for o in outputs)  # the plot was drawn
+    if notebook == "02_replacement.ipynb":  # records merge per pretraining run: the fixture's 2 rates x 2 seeds stay 4
+        assert "4 pretraining runs" in text and "mask.rate=0.4" in text
     if notebook == "01_mask_rate.ipynb":  # the label-budget and curve panels, on the fixture's budgets and curves
         assert "label budget, builtin_sentiment:" in text and "label budget, builtin_topic:" in text
         assert "curves over pretraining: curve/probe/builtin_sentiment/acc" in text
