@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import sys
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -225,8 +226,11 @@ def _add_dict_column(df: pd.DataFrame, name: str) -> None:
     parts = [c for c in df.columns if c.startswith(name + ".")]
     if not parts:
         return
-    df[name] = ["{" + ",".join(f"{c[len(name) + 1:]}:{row[c]}" for c in parts if not _missing(row[c])) + "}"
-                for _, row in df[parts].iterrows()]
+    values = ["{" + ",".join(f"{c[len(name) + 1:]}:{row[c]}" for c in parts if not _missing(row[c])) + "}"
+              for _, row in df[parts].iterrows()]
+    with warnings.catch_warnings():  # a frame of many metric columns is "fragmented": harmless for one more column
+        warnings.simplefilter("ignore", pd.errors.PerformanceWarning)
+        df[name] = values
 
 
 def _missing(v) -> bool:
