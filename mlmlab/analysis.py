@@ -208,6 +208,8 @@ def load_history(source: str | Path, keys: Sequence[str] = ("train/mask_rate",),
 
 
 def _columns(df: pd.DataFrame, names: str | Iterable[str]) -> list[str]:
+    """``names`` checked against ``df``'s columns (KeyError naming near misses); a dict-valued config key is added to
+    ``df`` as one column first (:func:`_add_dict_column`)."""
     names = [names] if isinstance(names, str) else list(names)
     for n in names:
         if n not in df.columns:
@@ -226,15 +228,12 @@ def _add_dict_column(df: pd.DataFrame, name: str) -> None:
     parts = [c for c in df.columns if c.startswith(name + ".")]
     if not parts:
         return
-    values = ["{" + ",".join(f"{c[len(name) + 1:]}:{row[c]}" for c in parts if not _missing(row[c])) + "}"
+    values = ["{" + ",".join(f"{c[len(name) + 1:]}:{v}" for c, v in row.items()
+                             if not (pd.api.types.is_scalar(v) and pd.isna(v))) + "}"  # a key this run lacks: left out
               for _, row in df[parts].iterrows()]
     with warnings.catch_warnings():  # a frame of many metric columns is "fragmented": harmless for one more column
         warnings.simplefilter("ignore", pd.errors.PerformanceWarning)
         df[name] = values
-
-
-def _missing(v) -> bool:
-    return v is None or (isinstance(v, float) and math.isnan(v))
 
 
 def t_ci(std: float, n: int, level: float = 0.95) -> float:
