@@ -58,11 +58,20 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 # ---------------------------------------------------------------------------------------------------------- loading
 
 
-def load_runs(source: str | Path, include_failed: bool = False, source_kind: str = "auto",
+def load_runs(source: str | Path | Sequence[str | Path], include_failed: bool = False, source_kind: str = "auto",
               job_type: str = "pretrain", filters: dict | None = None) -> pd.DataFrame:
     """One row per run of ``source`` (see the module docstring). ``source_kind``: ``auto`` (results.json, and the
     offline W&B run of any job dir without one), ``results`` or ``wandb`` (offline runs only). ``job_type`` selects
-    the W&B runs (pretraining runs; ``finetune`` for the per-fine-tuning runs of ``downstream.wandb_runs=true``)."""
+    the W&B runs (pretraining runs; ``finetune`` for the per-fine-tuning runs of ``downstream.wandb_runs=true``).
+    A list of sources gives their runs in one frame (an arm another sweep ran, reused as this one's baseline)."""
+    if not isinstance(source, (str, Path)):
+        frames = [load_runs(s, include_failed, source_kind, job_type, filters) for s in source]
+        df = pd.concat(frames, ignore_index=True)
+        df.attrs.update(source=", ".join(f.attrs["source"] for f in frames),
+                        skipped=[s for f in frames for s in f.attrs["skipped"]],
+                        n_skipped=sum(f.attrs["n_skipped"] for f in frames),
+                        n_failed=sum(f.attrs["n_failed"] for f in frames))
+        return df
     if source_kind not in ("auto", "results", "wandb"):
         raise ValueError(f"source_kind={source_kind!r}; allowed: auto, results, wandb")
     if isinstance(source, str) and source.startswith("wandb:"):
@@ -219,6 +228,28 @@ def _columns(df: pd.DataFrame, names: str | Iterable[str]) -> list[str]:
         near = [c for c in df.columns if any(m.split(".")[-1] in c for m in missing)][:8]
         raise KeyError(f"no column {missing} in the runs; similar: {near or '-'}")
     return names
+
+
+def select(df: pd.DataFrame, where: dict | None = None, exclude: Sequence[dict] = ()) -> pd.DataFrame:
+    """The runs of ``df`` whose config matches every ``key: value`` of ``where``, less those matching every key of
+    any ``exclude`` entry (``{"mask.rate": 0.4}``; a dict-valued key compares as its override text,
+    ``{"mask.replace": "{mask:1.0,random:0.0,keep:0.0}"}``). An unknown key is a KeyError naming near misses; a
+    ``where`` that keeps no run is a NoRunsError naming the values the runs have."""
+    def hit(cond: dict) -> pd.Series:
+        out = pd.Series(True, index=df.index)
+        for k, v in cond.items():
+            out &= df[_columns(df, k)[0]] == v
+        return out
+
+    keep = hit(where or {})
+    if where and not keep.any():
+        have = {k: sorted(map(str, df[k].dropna().unique()))[:8] for k in where}
+        raise NoRunsError(f"where={where}: no run matches; the runs have {have}")
+    for drop in exclude:
+        keep &= ~hit(drop)
+    out = df[keep].copy()
+    out.attrs.update(df.attrs)
+    return out
 
 
 def _add_dict_column(df: pd.DataFrame, name: str) -> None:
@@ -557,6 +588,10 @@ OPTIONS = {
                         "by group, for the first metric's last part (e.g. acc); png= plots it"),
     "prefix": Opt("with label_budget: downstream | gain | random_init", default="downstream",
                   choices=("downstream", "gain", "random_init")),
+    "also": Opt("further sources whose runs join the table, e.g. the baseline arm another sweep ran (folders "
+                "without commas)", many=True),
+    "where": Opt("keep the runs whose config matches, e.g. where=mask.rate=0.4 or where=[mask.rate=0.4,seed=0]",
+                 many=True),
     "items_vs": Opt("RUN[:random_init]: compare the per-item predictions of the run source (or source:random_init) "
                     "with this one: paired bootstrap CI, McNemar, minimal detectable difference"),
 }
@@ -588,7 +623,7 @@ def _main(a) -> int:
         print(f"{PROG}: by= is required (unless items_vs= or label_budget=)", file=sys.stderr)
         return 2
     try:
-        df = load_runs(a.source, source_kind=a.source_kind)  # failed jobs: left out, counted below
+        df = _load_selected(a)  # failed jobs: left out, counted below
         table = aggregate(df, a.by, a.metric)
         comparison = None
         if a.baseline is not None:
@@ -602,7 +637,7 @@ def _main(a) -> int:
     with pd.option_context("display.width", 160, "display.max_columns", 50, "display.float_format", "{:.4f}".format):
         left_out = [f"{df.attrs[k]} {what}" for k, what in (("n_skipped", "unreadable"), ("n_failed", "failed"))
                     if df.attrs.get(k)]
-        print(f"{len(df)} runs from {a.source}" + (f" ({', '.join(left_out)}, left out)" if left_out else ""))
+        print(f"{len(df)} runs from {df.attrs.get('source', a.source)}" + (f" ({', '.join(left_out)}, left out)" if left_out else ""))
         print(table.to_string())
         if comparison is not None:
             print(f"\npaired on {a.pair_on}, against {a.by[0]}={a.baseline}:")
@@ -621,10 +656,22 @@ def _main(a) -> int:
     return 0
 
 
+def _load_selected(a) -> pd.DataFrame:
+    """The CLI's runs: ``source`` and ``also``, kept by ``where``."""
+    where = {}
+    for cond in a.where or []:
+        key, sep, value = cond.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"where={cond!r}: expected key=value, e.g. where=mask.rate=0.4")
+        where[key.strip()] = _parse_value(value.strip())
+    df = load_runs([a.source, *(a.also or [])], source_kind=a.source_kind)
+    return select(df, where) if where else df
+
+
 def _label_budget_cli(a) -> int:
     metric = a.metric[0].rsplit("/", 1)[-1] if a.metric != [DEFAULT_METRIC] else "acc"
     try:
-        df = load_runs(a.source, source_kind=a.source_kind)
+        df = _load_selected(a)
         curve = label_budget_curve(df, a.label_budget, metric, a.by[0] if a.by else None, a.prefix)
     except (NoRunsError, KeyError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

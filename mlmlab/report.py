@@ -155,19 +155,14 @@ def _compare_table(spec: dict, base: Path) -> str:
     """A sweep's arms against its baseline arm, one row per (arm, metric): baseline and arm means over pretraining
     seeds, the paired difference with its 95% t CI, p (paired t-test), n pairs, and the minimal detectable difference
     at 80% power (two-sided 5% paired t-test with this n and the observed std of the differences). ``source`` may list
-    several folders (two sweeps compared); ``exclude`` entries leave out the runs that match all their keys; ``names``
-    maps arm values to what the table prints (a sampler's class path -> ``uniform``)."""
-    import pandas as pd
-
-    from mlmlab.analysis import compare, load_runs
+    several folders (two sweeps compared); ``where`` keeps the runs that match all its keys, ``exclude`` entries leave
+    out the runs that match all theirs (:func:`mlmlab.analysis.select`); ``names`` maps arm values to what the table
+    prints (a sampler's class path -> ``uniform``)."""
+    from mlmlab.analysis import compare, load_runs, select
 
     sources = spec["source"] if isinstance(spec["source"], list) else [spec["source"]]
-    df = pd.concat([load_runs(base / src, source_kind="results") for src in sources], ignore_index=True)
-    for drop in spec.get("exclude") or []:  # leave out the runs matching every key of an entry
-        hit = pd.Series(True, index=df.index)
-        for k, v in drop.items():
-            hit &= df[k] == v
-        df = df[~hit]
+    df = select(load_runs([base / src for src in sources], source_kind="results"), spec.get("where"),
+                spec.get("exclude") or [])
     by, baseline = spec["by"], spec["baseline"]
     names = {str(k): str(v) for k, v in (spec.get("names") or {}).items()}
     name = lambda v: names.get(str(v), str(v))  # noqa: E731

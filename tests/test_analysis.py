@@ -91,6 +91,41 @@ def test_a_dict_valued_key_groups_as_its_override(tmp_path, capsys):
     assert "no column" in capsys.readouterr().err
 
 
+def test_also_and_where_compare_an_arm_reused_from_another_sweep(tmp_path, capsys):
+    """The finding-2-on-general-text layout: a rate sweep holds 15% and 40% runs (80/10/10), a second folder holds
+    40% runs of another split; also= joins the folders and where=mask.rate=0.4 drops the 15% runs, which would
+    otherwise join the 80/10/10 group and pair twice per seed."""
+    def write(folder, rate, split, seed, score):
+        d = tmp_path / folder / f"{rate}_{split[0]}_s{seed}"
+        d.mkdir(parents=True)
+        (d / "results.json").write_text(json.dumps({
+            "status": "ok", "config": {"seed": seed, "mask": {"rate": rate, "replace": dict(zip(
+                ("mask", "random", "keep"), split))}}, "metrics": {"downstream/score": score}}))
+
+    for seed in range(3):
+        write("rates", 0.15, (0.8, 0.1, 0.1), seed, 9.0)  # far off: any leak into the 40% pairs shows
+        write("rates", 0.4, (0.8, 0.1, 0.1), seed, 0.5 + 0.01 * seed)
+        write("ratios", 0.4, (1.0, 0.0, 0.0), seed, 0.45 + 0.02 * seed)
+    base = "{mask:0.8,random:0.1,keep:0.1}"
+    rc = A.main([str(tmp_path / "ratios"), f"also=[{tmp_path / 'rates'}]", "where=mask.rate=0.4", "by=mask.replace",
+                 f"baseline={base}"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "6 runs" in out
+    df = A.select(A.load_runs([tmp_path / "ratios", tmp_path / "rates"]), {"mask.rate": 0.4})
+    t = A.compare(df, by="mask.replace", baseline=base)
+    assert t.loc["{mask:1.0,random:0.0,keep:0.0}", "n"] == 3
+    assert t.loc["{mask:1.0,random:0.0,keep:0.0}", "diff"] == pytest.approx(-0.04)  # mean of -0.05, -0.04, -0.03
+    # a dict-valued key selects by its override text; exclude drops; bad input names the key or the values there are
+    assert len(A.select(df, {"mask.replace": base})) == 3
+    assert len(A.select(df, exclude=[{"mask.replace": base}])) == 3
+    with pytest.raises(A.NoRunsError, match=r"no run matches; the runs have \{'mask.rate': \['0.4'\]\}"):
+        A.select(df, {"mask.rate": 0.3})
+    assert A.main([str(tmp_path / "rates"), "where=mask.rat=0.4", "by=mask.rate"]) == 2
+    assert "no column" in capsys.readouterr().err
+    assert A.main([str(tmp_path / "rates"), "where=mask.rate", "by=mask.rate"]) == 2
+    assert "expected key=value" in capsys.readouterr().err
+
+
 def test_load_runs_from_results_and_offline_wandb_agree(tiny_sweep):
     local = A.load_runs(tiny_sweep).sort_values("run_dir").reset_index(drop=True)
     wb = A.load_runs(tiny_sweep, source_kind="wandb").sort_values("run_dir").reset_index(drop=True)
