@@ -663,8 +663,11 @@ def _load_selected(a) -> pd.DataFrame:
         key, sep, value = cond.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"where={cond!r}: expected key=value, e.g. where=mask.rate=0.4")
-        where[key.strip()] = _parse_value(value.strip())
+        where[key.strip()] = value.strip()
     df = load_runs([a.source, *(a.also or [])], source_kind=a.source_kind)
+    for key, raw in where.items():  # as baseline=: "32" may be a string column (trainer.precision), 0.4 a number one
+        col = df[_columns(df, key)[0]]
+        where[key] = raw if raw in set(col.dropna()) else _parse_value(raw)
     return select(df, where) if where else df
 
 

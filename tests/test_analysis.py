@@ -99,8 +99,9 @@ def test_also_and_where_compare_an_arm_reused_from_another_sweep(tmp_path, capsy
         d = tmp_path / folder / f"{rate}_{split[0]}_s{seed}"
         d.mkdir(parents=True)
         (d / "results.json").write_text(json.dumps({
-            "status": "ok", "config": {"seed": seed, "mask": {"rate": rate, "replace": dict(zip(
-                ("mask", "random", "keep"), split))}}, "metrics": {"downstream/score": score}}))
+            "status": "ok", "config": {"seed": seed, "trainer": {"precision": "bf16-mixed" if folder == "rates" else "32"},
+                                       "mask": {"rate": rate, "replace": dict(zip(("mask", "random", "keep"), split))}},
+            "metrics": {"downstream/score": score}}))
 
     for seed in range(3):
         write("rates", 0.15, (0.8, 0.1, 0.1), seed, 9.0)  # far off: any leak into the 40% pairs shows
@@ -120,6 +121,10 @@ def test_also_and_where_compare_an_arm_reused_from_another_sweep(tmp_path, capsy
     assert len(A.select(df, exclude=[{"mask.replace": base}])) == 3
     with pytest.raises(A.NoRunsError, match=r"no run matches; the runs have \{'mask.rate': \['0.4'\]\}"):
         A.select(df, {"mask.rate": 0.3})
+    # as baseline=: a number-like value matches a string column as text ("32"), a number column as a number (0.4)
+    assert A.main([str(tmp_path / "ratios"), f"also=[{tmp_path / 'rates'}]", "where=[trainer.precision=32,mask.rate=0.4]",
+                   "by=mask.replace"]) == 0
+    assert "3 runs" in capsys.readouterr().out
     assert A.main([str(tmp_path / "rates"), "where=mask.rat=0.4", "by=mask.rate"]) == 2
     assert "no column" in capsys.readouterr().err
     assert A.main([str(tmp_path / "rates"), "where=mask.rate", "by=mask.rate"]) == 2
