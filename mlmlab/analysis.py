@@ -627,9 +627,7 @@ def _main(a) -> int:
         table = aggregate(df, a.by, a.metric)
         comparison = None
         if a.baseline is not None:
-            base = _parse_value(a.baseline)
-            if base not in set(df[a.by[0]]):  # "0.15" may be a string column (mask.unit=word ...)
-                base = a.baseline
+            base = _cli_value(a.baseline, df[a.by[0]])
             comparison = compare(df, a.by[0], base, a.metric[0], pair_on=a.pair_on)
     except (NoRunsError, KeyError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -665,10 +663,15 @@ def _load_selected(a) -> pd.DataFrame:
             raise ValueError(f"where={cond!r}: expected key=value, e.g. where=mask.rate=0.4")
         where[key.strip()] = value.strip()
     df = load_runs([a.source, *(a.also or [])], source_kind=a.source_kind)
-    for key, raw in where.items():  # as baseline=: "32" may be a string column (trainer.precision), 0.4 a number one
-        col = df[_columns(df, key)[0]]
-        where[key] = raw if raw in set(col.dropna()) else _parse_value(raw)
+    where = {key: _cli_value(raw, df[_columns(df, key)[0]]) for key, raw in where.items()}
     return select(df, where) if where else df
+
+
+def _cli_value(raw: str, column: pd.Series):
+    """A CLI value (``baseline=``, ``where=``) as the column holds it: parsed (0.4, 8192, true) where the column has
+    that value, else the text -- "32" may be a string column (trainer.precision), "0.15" one too (mask.unit=word ...)."""
+    value = _parse_value(raw)
+    return value if value in set(column.dropna()) else raw
 
 
 def _label_budget_cli(a) -> int:
