@@ -302,6 +302,9 @@ def compare(df: pd.DataFrame, by: str, baseline, metric: str = DEFAULT_METRIC, p
     if baseline not in set(df[by]):
         raise ValueError(f"baseline {by}={baseline!r} is not among the runs; present: {sorted(set(df[by]), key=str)}")
     wide = df.pivot_table(index=pair_on, columns=by, values=metric, aggfunc="mean")
+    if baseline not in wide.columns:  # pivot_table drops a column with no values: say which, not a KeyError
+        raise ValueError(f"baseline {by}={baseline!r} has no value of {metric} (older records may lack it); "
+                         f"runs with values: {sorted(set(df.loc[df[metric].notna(), by]), key=str)}")
     rows = []
     for value in wide.columns:
         if value == baseline:

@@ -42,6 +42,9 @@ def test_compare_pairs_by_seed_with_a_paired_t_test():
     assert c2.loc[0.4, "n"] == 3
     with pytest.raises(ValueError, match="baseline mask.rate=0.2 is not among the runs"):
         A.compare(df, by="mask.rate", baseline=0.2)
+    older = df.assign(x=[float("nan")] * 3 + [1.0, 2.0, 3.0])  # the baseline's (older) records lack metric x
+    with pytest.raises(ValueError, match=r"baseline mask.rate=0.15 has no value of x .*runs with values: \[0.4\]"):
+        A.compare(older, by="mask.rate", baseline=0.15, metric="x")
     with pytest.raises(KeyError, match="no column"):
         A.aggregate(df, by="mask.rat")
 
@@ -250,6 +253,24 @@ def test_load_runs_from_the_wandb_api(monkeypatch):
     monkeypatch.setattr(wandb, "Api", down)
     with pytest.raises(A.NoRunsError, match="could not read runs from the W&B API"):
         A.load_runs("wandb:ent/mlmlab")
+
+
+def test_replacement_notebook_reads_every_domain_committed(monkeypatch):
+    """02_replacement.ipynb on its default sources: finance (findings 2 and 3) and general text (real_en_ratios, with
+    real_en_rates' 40% jobs as its 80/10/10 arm and its 15% jobs left out), compared within each domain; general text's
+    80/10/10 records (older) lack the per-kind losses, which are left out of its comparisons instead of failing."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.delenv("MLMLAB_SWEEP_DIR", raising=False)
+    nb = nbformat.read(ROOT / "analysis" / "02_replacement.ipynb", as_version=4)
+    NotebookClient(nb, timeout=180, kernel_name="python3",
+                   resources={"metadata": {"path": str(ROOT / "analysis")}}).execute()
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "== finance (18 pretraining runs)" in text and "== general text (12 pretraining runs)" in text
+    assert "general text: 0.8/0.2/0, uniform vs baseline on downstream/sst2/acc: -6.5 ± 3.4 points" in text
+    assert "finance: 0.8/0.2/0, uniform vs baseline on downstream/financial_phrasebank@250/acc: -1.9" in text
+    assert "mask.rate=0.15" not in text  # real_en_rates' 15% jobs are not an arm here
 
 
 def test_schedules_notebook_reads_the_committed_records(monkeypatch, tmp_path):
