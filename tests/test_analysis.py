@@ -255,18 +255,23 @@ def test_load_runs_from_the_wandb_api(monkeypatch):
         A.load_runs("wandb:ent/mlmlab")
 
 
-def test_replacement_notebook_reads_every_domain_committed(monkeypatch):
-    """02_replacement.ipynb on its default sources: finance (findings 2 and 3), medical and general text (real_en_ratios, with
-    real_en_rates' 40% jobs as its 80/10/10 arm and its 15% jobs left out), compared within each domain; general text's
-    80/10/10 records (older) lack the per-kind losses, which are left out of its comparisons instead of failing."""
+def _default_notebook_text(name: str, monkeypatch) -> str:
+    """Execute analysis/<name> on its default sources (the records committed under docs/results/): its printed text."""
     import nbformat
     from nbclient import NotebookClient
 
     monkeypatch.delenv("MLMLAB_SWEEP_DIR", raising=False)
-    nb = nbformat.read(ROOT / "analysis" / "02_replacement.ipynb", as_version=4)
+    nb = nbformat.read(ROOT / "analysis" / name, as_version=4)
     NotebookClient(nb, timeout=180, kernel_name="python3",
                    resources={"metadata": {"path": str(ROOT / "analysis")}}).execute()
-    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+
+
+def test_replacement_notebook_reads_every_domain_committed(monkeypatch):
+    """02_replacement.ipynb on its default sources: finance (findings 2 and 3), medical and general text (real_en_ratios, with
+    real_en_rates' 40% jobs as its 80/10/10 arm and its 15% jobs left out), compared within each domain; general text's
+    80/10/10 records (older) lack the per-kind losses, which are left out of its comparisons instead of failing."""
+    text = _default_notebook_text("02_replacement.ipynb", monkeypatch)
     assert "== finance (18 pretraining runs)" in text and "== general text (12 pretraining runs)" in text
     assert "general text: 0.8/0.2/0, uniform vs baseline on downstream/sst2/acc: -6.5 ± 3.4 points" in text
     assert "finance: 0.8/0.2/0, uniform vs baseline on downstream/financial_phrasebank@250/acc: -1.9" in text
@@ -278,12 +283,5 @@ def test_replacement_notebook_reads_every_domain_committed(monkeypatch):
 def test_schedules_notebook_reads_the_committed_records(monkeypatch, tmp_path):
     """04_schedules.ipynb on its default source, docs/results/real_en_schedules: four arms with different schedule
     classes (their config keys differ, NaN in each other's rows), each schedule rebuilt and drawn."""
-    import nbformat
-    from nbclient import NotebookClient
-
-    monkeypatch.delenv("MLMLAB_SWEEP_DIR", raising=False)
-    nb = nbformat.read(ROOT / "analysis" / "04_schedules.ipynb", as_version=4)
-    NotebookClient(nb, timeout=180, kernel_name="python3",
-                   resources={"metadata": {"path": str(ROOT / "analysis")}}).execute()
-    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    text = _default_notebook_text("04_schedules.ipynb", monkeypatch)
     assert "ankner_linear: linear 0.3 -> 0.15 over 1200 steps" in text and "bert: constant 0.15 over 1200 steps" in text
