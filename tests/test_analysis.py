@@ -280,7 +280,7 @@ def test_replacement_notebook_reads_every_domain_committed(monkeypatch):
     assert "mask.rate=0.15" not in text  # real_en_rates' 15% jobs are not an arm here
 
 
-def test_schedules_notebook_reads_the_committed_records(monkeypatch, tmp_path):
+def test_schedules_notebook_reads_the_committed_records(monkeypatch):
     """04_schedules.ipynb on its default source, docs/results/real_en_schedules: four arms with different schedule
     classes (their config keys differ, NaN in each other's rows), each schedule rebuilt and drawn."""
     text = _default_notebook_text("04_schedules.ipynb", monkeypatch)
