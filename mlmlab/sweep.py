@@ -41,8 +41,8 @@ def summarize_sweep(sweep_dir: Path) -> dict | None:
     for job in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
         path = job / "results.json"
         if not path.exists():
-            if (job / ".hydra").exists():
-                jobs.append({"dir": job.name, "status": "missing", "error": "no results.json (killed?)"})
+            if (job / ".hydra").exists() or (job / RUNNING).exists():
+                jobs.append({"dir": job.name, **unfinished_state(job)})
             continue
         try:
             r = json.loads(path.read_text())
@@ -54,13 +54,16 @@ def summarize_sweep(sweep_dir: Path) -> dict | None:
                      "error": f"{err.get('type')}: {err.get('message')}" if err else None})
     if not jobs:
         return None
-    bad = [j for j in jobs if j["status"] != "ok"]
-    summary = {"jobs": len(jobs), "ok": len(jobs) - len(bad), "failed": bad}
+    running = [j for j in jobs if j["status"] == "running"]
+    bad = [j for j in jobs if j["status"] not in ("ok", "running")]
+    summary = {"jobs": len(jobs), "ok": len(jobs) - len(bad) - len(running), "failed": bad, "running": running}
     tmp = sweep_dir / ".summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2))
     os.replace(tmp, sweep_dir / "summary.json")
-    lines = [f"multirun summary: {summary['ok']} of {len(jobs)} jobs ok, {len(bad)} failed ({sweep_dir})"]
+    still = f", {len(running)} still running" if running else ""
+    lines = [f"multirun summary: {summary['ok']} of {len(jobs)} jobs ok, {len(bad)} failed{still} ({sweep_dir})"]
     lines += [f"  FAILED {j['dir']}: {j['status']}: {(j['error'] or '')[:300]}" for j in bad]
+    lines += [f"  RUNNING {j['dir']}: {j['error']}" for j in running]
     msg = "\n".join(lines)
     log.warning(msg) if bad else log.info(msg)
     if not _logs_to_console(log):  # at interpreter exit the logging handlers may be gone: then print it, once
@@ -76,3 +79,57 @@ def _logs_to_console(logger: logging.Logger) -> bool:
             return True
         lg = lg.parent if lg.propagate else None
     return False
+
+
+# ------------------------------------------------------------------------ a job's "running" marker
+# A job's results.json is written when it ends (ok or failed), so without a marker a job still running -- in another
+# multirun writing into the same sweep dir, or a launcher's other worker -- and one that was killed look alike.
+
+RUNNING = ".running.json"
+
+
+def mark_running(out_dir: Path) -> None:
+    """Write ``<out_dir>/.running.json`` (pid, host, start time) when a job starts; ``clear_running`` removes it when
+    the job ends either way. Left behind, it names the process that was killed."""
+    import socket
+    import time
+
+    out_dir = Path(out_dir)
+    tmp = out_dir / (RUNNING + ".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                               "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
+    os.replace(tmp, out_dir / RUNNING)
+
+
+def clear_running(out_dir: Path) -> None:
+    (Path(out_dir) / RUNNING).unlink(missing_ok=True)
+
+
+def unfinished_state(job_dir: Path) -> dict:
+    """A job dir without results.json: ``running`` when its marker names a live process on this host, else
+    ``missing`` with what is known (the killed process, or no marker at all)."""
+    import socket
+
+    try:
+        m = json.loads((Path(job_dir) / RUNNING).read_text())
+        pid, host, started = int(m["pid"]), str(m["host"]), m.get("started_at")
+    except (OSError, ValueError, KeyError, TypeError):
+        return {"status": "missing", "error": "no results.json and no running marker (killed before it started?)"}
+    who = f"pid {pid} on {host}, started {started}"
+    if host != socket.gethostname():
+        return {"status": "running", "error": f"{who} (another host: not checked; killed if it is not running there)"}
+    if _alive(pid):
+        return {"status": "running", "error": who}
+    return {"status": "missing", "error": f"no results.json: killed ({who}, no longer running)"}
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():  # this process's own job ended without clearing its marker: it is not running any more
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True

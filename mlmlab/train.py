@@ -21,6 +21,7 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from mlmlab.config import ConfigError, eval_units, to_container, validate
+from mlmlab.sweep import clear_running, mark_running
 
 log = logging.getLogger(__name__)
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -206,6 +207,7 @@ class Job:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self.config = to_container(self.cfg)
             self.record.set(config=self.config)
+            mark_running(self.out_dir)  # a sweep's summary tells this running job from a killed one
         except BaseException as e:
             self._failed(e)
             raise
@@ -227,6 +229,7 @@ class Job:
             if exc is not None:
                 self._failed(exc)
         finally:
+            clear_running(self.out_dir)
             self._finish_wandb()
         return False
 

@@ -170,6 +170,12 @@ def test_sweep_killed_midway_is_completed_by_rerunning_it(tmp_path, cache_dir):
     jobs = sorted(d for d in sweep.iterdir() if d.is_dir())
     assert json.loads((jobs[0] / "results.json").read_text())["status"] == "ok"
     assert not (jobs[1] / "results.json").exists()
+    assert not (jobs[0] / ".running.json").exists()  # the finished job cleared its marker; the killed one left it
+    from mlmlab.sweep import summarize_sweep
+
+    s = summarize_sweep(sweep)
+    assert s["ok"] == 1 and s["running"] == [] and [f["status"] for f in s["failed"]] == ["missing"]
+    assert s["failed"][0]["error"].startswith("no results.json: killed (pid ")
     first = json.loads((jobs[0] / "results.json").read_text())["finished_at"]
 
     p = _cli([*args, "skip_completed=true"], cache_dir)
@@ -180,6 +186,45 @@ def test_sweep_killed_midway_is_completed_by_rerunning_it(tmp_path, cache_dir):
     assert json.loads((jobs[1] / "results.json").read_text())["status"] == "ok"
     assert "multirun summary: 2 of 2 jobs ok" in log
     assert json.loads((sweep / "summary.json").read_text())["failed"] == []
+    assert not (jobs[1] / ".running.json").exists()
+
+
+def test_sweep_summary_tells_a_running_job_from_a_killed_one(tmp_path):
+    """Two multiruns writing into one sweep dir: the one that ends first must not call the other's running job
+    failed. A job dir without results.json is `running` while the pid in its marker lives, else `missing` (killed)."""
+    import socket
+    import subprocess
+    import sys
+
+    from mlmlab.sweep import mark_running, summarize_sweep
+
+    sweep = tmp_path / "sweep"
+    done, live, dead, bare = (sweep / n for n in ("0_a", "1_b", "2_c", "3_d"))
+    for d in (done, live, dead, bare):
+        (d / ".hydra").mkdir(parents=True)
+    (done / "results.json").write_text(json.dumps({"status": "ok"}))
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        mark_running(live)
+        m = json.loads((live / ".running.json").read_text())
+        m["pid"] = child.pid  # another process's job, alive
+        (live / ".running.json").write_text(json.dumps(m))
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        m["pid"] = int(gone.stdout)  # a job whose process has exited without a record
+        (dead / ".running.json").write_text(json.dumps(m))
+        s = summarize_sweep(sweep)
+    finally:
+        child.kill()
+        child.wait()
+    assert s["jobs"] == 4 and s["ok"] == 1
+    assert [(j["dir"], j["status"]) for j in s["running"]] == [("1_b", "running")]
+    assert s["running"][0]["error"].startswith(f"pid {child.pid} on {socket.gethostname()}")
+    assert {j["dir"]: j["status"] for j in s["failed"]} == {"2_c": "missing", "3_d": "missing"}
+    assert "killed" in s["failed"][0]["error"] and "no running marker" in s["failed"][1]["error"]
+    assert json.loads((sweep / "summary.json").read_text())["running"][0]["dir"] == "1_b"
+    # the live process ends without a record: now it is a killed job
+    s = summarize_sweep(sweep)
+    assert s["running"] == [] and {j["dir"] for j in s["failed"]} == {"1_b", "2_c", "3_d"}
 
 
 def test_multirun_with_a_crashing_job_finishes_the_others_and_says_why(tmp_path, cache_dir):
