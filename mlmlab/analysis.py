@@ -223,6 +223,8 @@ def _columns(df: pd.DataFrame, names: str | Iterable[str]) -> list[str]:
     for n in names:
         if n not in df.columns:
             _add_dict_column(df, n)
+        if n not in df.columns:
+            _add_difference_column(df, n)
     missing = [n for n in names if n not in df.columns]
     if missing:
         near = [c for c in df.columns if any(m.split(".")[-1] in c for m in missing)][:8]
@@ -265,6 +267,24 @@ def _add_dict_column(df: pd.DataFrame, name: str) -> None:
     with warnings.catch_warnings():  # a frame of many metric columns is "fragmented": harmless for one more column
         warnings.simplefilter("ignore", pd.errors.PerformanceWarning)
         df[name] = values
+
+
+DIFFERENCE = " - "  # "a - b": a metric column less another, per run
+
+
+def _add_difference_column(df: pd.DataFrame, name: str) -> None:
+    """``"a - b"`` (spaces around the minus): column ``a`` less column ``b`` per run, added as column ``name`` (in
+    place). Compared between arms it is a difference in differences -- ``metric="val/mlm_loss_at_mask_r15_mix1 -
+    val/mlm_loss_at_mask_r15_mix0"`` with ``baseline=`` pairs each arm's effect on the domain source's validation
+    blocks less its effect on the general source's, per seed (the domain claim within the same encoders). A missing
+    part is a KeyError naming it."""
+    a, sep, b = name.partition(DIFFERENCE)
+    if not sep or not a.strip() or not b.strip():
+        return
+    a, b = _columns(df, a.strip())[0], _columns(df, b.strip())[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pd.errors.PerformanceWarning)
+        df[name] = df[a] - df[b]
 
 
 def t_ci(std: float, n: int, level: float = 0.95) -> float:
@@ -580,7 +600,8 @@ OPTIONS = {
                   required=True),
     "by": Opt("config columns to group by, e.g. by=mask.rate or by=[mask.rate,mask.name] (required unless items_vs "
               "or label_budget)", many=True),
-    "metric": Opt("metric columns", default=[DEFAULT_METRIC], many=True),
+    "metric": Opt("metric columns; \"a - b\" (spaces around the minus) is column a less column b per run",
+                  default=[DEFAULT_METRIC], many=True),
     "baseline": Opt("a value of the (first) by column: paired differences against it"),
     "pair_on": Opt("the column that pairs runs in baseline comparisons", default="seed"),
     "source_kind": Opt("where runs are read from", default="auto", choices=("auto", "results", "wandb")),

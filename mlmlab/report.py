@@ -169,9 +169,10 @@ def _compare_table(spec: dict, base: Path) -> str:
     rows = []
     for m in spec["metrics"]:
         key, label, scale = m["key"], m.get("label", m["key"]), float(m.get("scale", 1))
-        if key not in df.columns:
-            raise ReportError(f"{spec['source']}: no metric {key!r} in its runs")
-        t = compare(df, by, baseline, key)
+        try:  # "a - b": a less b per run (mlmlab.analysis adds the column)
+            t = compare(df, by, baseline, key)
+        except KeyError as e:
+            raise ReportError(f"{spec['source']}: no metric {key!r} in its runs ({e})") from None
         for value, r in t.iterrows():
             fmt = m.get("fmt", ".3f")
             diff = f"{scale * r['diff']:+.{_digits(fmt)}f} ± {scale * r['diff_ci95']:.{_digits(fmt)}f}"

@@ -49,6 +49,21 @@ def test_compare_pairs_by_seed_with_a_paired_t_test():
         A.aggregate(df, by="mask.rat")
 
 
+def test_a_difference_of_two_metrics_compares_as_a_difference_in_differences(capsys):
+    """metric="a - b": per run a less b; between arms, the paired effect on a less the effect on b (the domain
+    contrast of finding 2). Effects on a: +0.3, +0.5, +0.7; on b: +0.1, +0.1, +0.2 -> 0.2, 0.4, 0.5."""
+    df = frame({0.15: [1.0, 1.0, 1.0], 0.4: [1.3, 1.5, 1.7]}).rename(columns={"downstream/score": "loss_mix1"})
+    df["loss_mix0"] = [2.0, 2.0, 2.0, 2.1, 2.1, 2.2]
+    c = A.compare(df, by="mask.rate", baseline=0.15, metric="loss_mix1 - loss_mix0")
+    assert c.loc[0.4, "diff"] == pytest.approx((0.2 + 0.4 + 0.5) / 3)
+    assert c.loc[0.4, "diff_std"] == pytest.approx(pd.Series([0.2, 0.4, 0.5]).std())
+    assert A.aggregate(df, by="mask.rate", metric="loss_mix1 - loss_mix0").loc[0.15, "mean"] == pytest.approx(-1.0)
+    with pytest.raises(KeyError, match="loss_mix2"):
+        A.compare(df, by="mask.rate", baseline=0.15, metric="loss_mix2 - loss_mix0")
+    with pytest.raises(KeyError):  # no spaces: one column name, not a difference
+        A.compare(df, by="mask.rate", baseline=0.15, metric="loss_mix1-loss_mix0")
+
+
 def test_finetune_records_pair_on_their_pretraining_run(tmp_path):
     """Records of python -m mlmlab.finetune carry the pretraining config in source_checkpoint: its keys (seed, mask.*)
     fill the row where the fine-tuning config has none, so a folder of them compares by the pretraining arm, paired

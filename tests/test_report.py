@@ -101,6 +101,18 @@ def test_compare_table_and_detectable_difference(repo: Path):
                                     f"{100 * stats.t.ppf(0.975, 2) * sd / 3 ** 0.5:.1f}",
                                     f"{stats.ttest_rel([0.73, 0.74, 0.745], [0.70, 0.72, 0.71]).pvalue:.2g}", "3",
                                     f"{100 * mdd:.1f} |"]
+    # "a - b": each run's a less its b, then paired between arms (the domain contrast); a missing part is named
+    (repo / "docs" / "results" / "tables.yaml").write_text(
+        "t1:\n  kind: compare\n  source: sweep\n  by: mask.rate\n  baseline: 0.15\n"
+        "  metrics:\n    - {key: downstream/score - downstream/score, label: zero, fmt: .3f}\n")
+    report.update(repo)
+    row = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| zero"))
+    assert row.split(" | ")[2:5] == ["0.000", "0.000", "+0.000 ± 0.000"]
+    (repo / "docs" / "results" / "tables.yaml").write_text(
+        "t1:\n  kind: compare\n  source: sweep\n  by: mask.rate\n  baseline: 0.15\n"
+        "  metrics:\n    - {key: downstream/score - val/loss, label: x}\n")
+    with pytest.raises(report.ReportError, match=r"no metric 'downstream/score - val/loss' .*val/loss"):
+        report.update(repo)
 
 
 def test_bench_tables_come_from_benchmarks_results(repo: Path):
