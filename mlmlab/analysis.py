@@ -278,10 +278,15 @@ def _add_difference_column(df: pd.DataFrame, name: str) -> None:
     val/mlm_loss_at_mask_r15_mix0"`` with ``baseline=`` pairs each arm's effect on the domain source's validation
     blocks less its effect on the general source's, per seed (the domain claim within the same encoders). A missing
     part is a KeyError naming it."""
-    a, sep, b = name.partition(DIFFERENCE)
-    if not sep or not a.strip() or not b.strip():
+    parts = [x.strip() for x in name.split(DIFFERENCE)]
+    if len(parts) == 1 or not all(parts):
         return
-    a, b = _columns(df, a.strip())[0], _columns(df, b.strip())[0]
+    if len(parts) > 2:
+        raise KeyError(f"{name!r}: one difference at most, \"a - b\"")
+    a, b = (_columns(df, x)[0] for x in parts)
+    text = [x for x in (a, b) if not pd.api.types.is_numeric_dtype(df[x])]
+    if text:
+        raise KeyError(f"{name!r}: {text} not numeric; a difference needs two metric columns")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", pd.errors.PerformanceWarning)
         df[name] = df[a] - df[b]

@@ -158,7 +158,7 @@ def _compare_table(spec: dict, base: Path) -> str:
     several folders (two sweeps compared); ``where`` keeps the runs that match all its keys, ``exclude`` entries leave
     out the runs that match all theirs (:func:`mlmlab.analysis.select`); ``names`` maps arm values to what the table
     prints (a sampler's class path -> ``uniform``)."""
-    from mlmlab.analysis import compare, load_runs, select
+    from mlmlab.analysis import _columns, compare, load_runs, select
 
     sources = spec["source"] if isinstance(spec["source"], list) else [spec["source"]]
     df = select(load_runs([base / src for src in sources], source_kind="results"), spec.get("where"),
@@ -170,9 +170,10 @@ def _compare_table(spec: dict, base: Path) -> str:
     for m in spec["metrics"]:
         key, label, scale = m["key"], m.get("label", m["key"]), float(m.get("scale", 1))
         try:  # "a - b": a less b per run (mlmlab.analysis adds the column)
-            t = compare(df, by, baseline, key)
+            _columns(df, key)
         except KeyError as e:
             raise ReportError(f"{spec['source']}: no metric {key!r} in its runs ({e})") from None
+        t = compare(df, by, baseline, key)
         for value, r in t.iterrows():
             fmt = m.get("fmt", ".3f")
             diff = f"{scale * r['diff']:+.{_digits(fmt)}f} ± {scale * r['diff_ci95']:.{_digits(fmt)}f}"

@@ -57,6 +57,7 @@ class RunRecord:
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         self._t0 = time.perf_counter()
+        self.filename = "results.json"  # a DDP rank > 0 writes results.rank<N>.json: results.json is rank 0's
 
     def timer(self, name: str):
         record = self
@@ -82,7 +83,7 @@ class RunRecord:
         self.data["timings_s"]["total"] = round(time.perf_counter() - self._t0, 3)
         self.data["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        path = self.output_dir / "results.json"
+        path = self.output_dir / self.filename
         if self.data["status"] != "ok" and _completed(path):
             path = self.output_dir / "results.failed.json"  # never overwrite a finished run with a failure
         tmp = path.with_suffix(".json.tmp")

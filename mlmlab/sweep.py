@@ -44,6 +44,10 @@ def summarize_sweep(sweep_dir: Path) -> dict | None:
             if (job / ".hydra").exists() or (job / RUNNING).exists():
                 jobs.append({"dir": job.name, **unfinished_state(job)})
             continue
+        state = running_state(job)  # rerun in its dir (skip_completed, resume=): the record is an earlier attempt's
+        if state is not None:
+            jobs.append({"dir": job.name, **state})
+            continue
         try:
             r = json.loads(path.read_text())
         except ValueError as e:
@@ -88,42 +92,82 @@ def _logs_to_console(logger: logging.Logger) -> bool:
 RUNNING = ".running.json"
 
 
+def global_rank() -> int:
+    """This process's rank in a multi-process (DDP) job: ``RANK`` (torchrun, Lightning), ``SLURM_PROCID`` (srun), else
+    ``LOCAL_RANK``; 0 for a one-process job."""
+    for var in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
+        if os.environ.get(var, "").strip().isdigit():
+            return int(os.environ[var])
+    return 0
+
+
 def mark_running(out_dir: Path) -> None:
-    """Write ``<out_dir>/.running.json`` (pid, host, start time) when a job starts; ``clear_running`` removes it when
-    the job ends either way. Left behind, it names the process that was killed."""
+    """Write ``<out_dir>/.running.json`` (pid, the process's start time, host, start time) when a job starts;
+    ``clear_running`` removes it when the job ends either way. Left behind, it names the process that was killed."""
     import socket
     import time
 
     out_dir = Path(out_dir)
-    tmp = out_dir / (RUNNING + ".tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+    tmp = out_dir / f"{RUNNING}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"pid": os.getpid(), "proc_start": _proc_start(os.getpid()),
+                               "host": socket.gethostname(), "started": time.time(),
                                "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
     os.replace(tmp, out_dir / RUNNING)
 
 
 def clear_running(out_dir: Path) -> None:
-    (Path(out_dir) / RUNNING).unlink(missing_ok=True)
+    try:
+        (Path(out_dir) / RUNNING).unlink(missing_ok=True)
+    except OSError as e:  # never let the marker hide the job's own outcome
+        log.warning("could not remove %s (%s)", Path(out_dir) / RUNNING, e)
+
+
+def running_state(job_dir: Path) -> dict | None:
+    """What a job dir's marker says, or None when it has none (or the job's record is newer than it):
+    ``running`` while its process lives on this host; ``missing`` (killed) when it is gone; ``unknown`` when it ran on
+    another host, where the process cannot be checked (counted as not ok: running there, or killed)."""
+    import socket
+
+    job_dir = Path(job_dir)
+    try:
+        m = json.loads((job_dir / RUNNING).read_text())
+        pid, host, started = int(m["pid"]), str(m["host"]), m.get("started_at")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return {"status": "missing", "error": f"no results.json; unreadable running marker ({e})"}
+    record = job_dir / "results.json"
+    try:  # a record written after this marker belongs to this attempt (a marker that could not be removed)
+        if record.stat().st_mtime >= float(m.get("started", float("inf"))):
+            return None
+    except OSError:
+        pass
+    who = f"pid {pid} on {host}, started {started}"
+    earlier = "; its results.json is an earlier attempt's" if record.exists() else ""
+    if host != socket.gethostname():
+        return {"status": "unknown", "error": f"{who}: another host, not checked -- running there or killed{earlier}"}
+    if _alive(pid, m.get("proc_start")):
+        return {"status": "running", "error": who + earlier}
+    return {"status": "missing", "error": f"killed ({who}, no longer running){earlier or ': no results.json'}"}
 
 
 def unfinished_state(job_dir: Path) -> dict:
-    """A job dir without results.json: ``running`` when its marker names a live process on this host, else
-    ``missing`` with what is known (the killed process, or no marker at all)."""
-    import socket
+    """A job dir without results.json: its marker's state, or ``missing`` when it has no marker."""
+    return running_state(job_dir) or {"status": "missing",
+                                      "error": "no results.json and no running marker (killed before it started?)"}
 
+
+def _proc_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux /proc; None elsewhere): with the pid it names one
+    process, so a recycled pid does not pass for the job."""
     try:
-        m = json.loads((Path(job_dir) / RUNNING).read_text())
-        pid, host, started = int(m["pid"]), str(m["host"]), m.get("started_at")
-    except (OSError, ValueError, KeyError, TypeError):
-        return {"status": "missing", "error": "no results.json and no running marker (killed before it started?)"}
-    who = f"pid {pid} on {host}, started {started}"
-    if host != socket.gethostname():
-        return {"status": "running", "error": f"{who} (another host: not checked; killed if it is not running there)"}
-    if _alive(pid):
-        return {"status": "running", "error": who}
-    return {"status": "missing", "error": f"no results.json: killed ({who}, no longer running)"}
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, proc_start: int | None = None) -> bool:
     if pid == os.getpid():  # this process's own job ended without clearing its marker: it is not running any more
         return False
     try:
@@ -131,5 +175,12 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
-        return True
-    return True
+        pass
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state in ("Z", "X"):  # a zombie: exited, not yet reaped
+            return False
+    except (OSError, IndexError):
+        pass
+    now = _proc_start(pid)
+    return proc_start is None or now is None or now == proc_start

@@ -21,7 +21,7 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from mlmlab.config import ConfigError, eval_units, to_container, validate
-from mlmlab.sweep import clear_running, mark_running
+from mlmlab.sweep import clear_running, global_rank, mark_running
 
 log = logging.getLogger(__name__)
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -197,19 +197,26 @@ class Job:
         quiet_library_noise()
         set_job_threads(cfg, self.info)  # before the record notes torch's threads
         self.record = RunRecord(self.out_dir, _safe_container(cfg), self.info.get("overrides"))
+        self.rank = global_rank()
+        if self.rank:  # results.json and the running marker are rank 0's; another rank's outcome is kept beside them
+            self.record.filename = f"results.rank{self.rank}.json"
         self.config: dict = {}
         self.run = None  # the W&B run, once the job has started it
         self.ok = False
 
     def __enter__(self) -> Job:
         try:
+            if self.rank == 0:  # first: a sweep's summary tells this running job (even while checking) from a killed one
+                self.out_dir.mkdir(parents=True, exist_ok=True)
+                mark_running(self.out_dir)
             self.check(self.cfg)  # fail fast: nothing below runs on a bad config
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self.config = to_container(self.cfg)
             self.record.set(config=self.config)
-            mark_running(self.out_dir)  # a sweep's summary tells this running job from a killed one
         except BaseException as e:
             self._failed(e)
+            if self.rank == 0:
+                clear_running(self.out_dir)
             raise
         return self
 
@@ -229,7 +236,8 @@ class Job:
             if exc is not None:
                 self._failed(exc)
         finally:
-            clear_running(self.out_dir)
+            if self.rank == 0:
+                clear_running(self.out_dir)
             self._finish_wandb()
         return False
 
@@ -314,7 +322,7 @@ def _run(cfg: DictConfig, job: Job) -> dict[str, float]:
     warnings.filterwarnings("ignore", ".*exists and is not empty.*")
     # resume: the data module's ResumableSampler position travels in the checkpoint (mlmlab.guard)
     warnings.filterwarnings("ignore", ".*your dataloader is not resumable.*")
-    rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", 0)))
+    rank = job.rank
 
     with record.timer("data"):
         data = prepare_data(cfg)

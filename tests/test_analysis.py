@@ -62,6 +62,11 @@ def test_a_difference_of_two_metrics_compares_as_a_difference_in_differences(cap
         A.compare(df, by="mask.rate", baseline=0.15, metric="loss_mix2 - loss_mix0")
     with pytest.raises(KeyError):  # no spaces: one column name, not a difference
         A.compare(df, by="mask.rate", baseline=0.15, metric="loss_mix1-loss_mix0")
+    with pytest.raises(KeyError, match="one difference at most"):
+        A.compare(df, by="mask.rate", baseline=0.15, metric="loss_mix1 - loss_mix0 - loss_mix0")
+    with pytest.raises(KeyError, match=r"\['mask.replace'\] not numeric"):
+        A.compare(df.assign(**{"mask.replace": "{mask:0.8}"}), by="mask.rate", baseline=0.15,
+                  metric="loss_mix1 - mask.replace")
 
 
 def test_finetune_records_pair_on_their_pretraining_run(tmp_path):

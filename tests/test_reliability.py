@@ -175,7 +175,7 @@ def test_sweep_killed_midway_is_completed_by_rerunning_it(tmp_path, cache_dir):
 
     s = summarize_sweep(sweep)
     assert s["ok"] == 1 and s["running"] == [] and [f["status"] for f in s["failed"]] == ["missing"]
-    assert s["failed"][0]["error"].startswith("no results.json: killed (pid ")
+    assert s["failed"][0]["error"].startswith("killed (pid ") and s["failed"][0]["error"].endswith(": no results.json")
     first = json.loads((jobs[0] / "results.json").read_text())["finished_at"]
 
     p = _cli([*args, "skip_completed=true"], cache_dir)
@@ -191,40 +191,89 @@ def test_sweep_killed_midway_is_completed_by_rerunning_it(tmp_path, cache_dir):
 
 def test_sweep_summary_tells_a_running_job_from_a_killed_one(tmp_path):
     """Two multiruns writing into one sweep dir: the one that ends first must not call the other's running job
-    failed. A job dir without results.json is `running` while the pid in its marker lives, else `missing` (killed)."""
-    import socket
-    import subprocess
-    import sys
-
-    from mlmlab.sweep import mark_running, summarize_sweep
+    failed. A job dir's marker means `running` while the process it names lives (same pid and start time, not a
+    zombie), `missing` (killed) when it is gone, `unknown` (not ok) on another host; a live marker beside an older
+    record (a job rerun in its dir) is running, not the old outcome."""
+    from mlmlab.sweep import _proc_start, mark_running, summarize_sweep
 
     sweep = tmp_path / "sweep"
-    done, live, dead, bare = (sweep / n for n in ("0_a", "1_b", "2_c", "3_d"))
-    for d in (done, live, dead, bare):
+    names = ("0_done", "1_live", "2_dead", "3_bare", "4_rerun", "5_recycled", "6_elsewhere")
+    done, live, dead, bare, rerun, recycled, elsewhere = (sweep / n for n in names)
+    for d in (done, live, dead, bare, rerun, recycled, elsewhere):
         (d / ".hydra").mkdir(parents=True)
     (done / "results.json").write_text(json.dumps({"status": "ok"}))
+    (rerun / "results.json").write_text(json.dumps({"status": "failed", "error": {"type": "X", "message": "old"}}))
+    os.utime(rerun / "results.json", (1e9, 1e9))  # the earlier attempt's record, older than the marker
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+    def marker(d, **kw):
+        mark_running(d)
+        m = {**json.loads((d / ".running.json").read_text()), **kw}
+        (d / ".running.json").write_text(json.dumps(m))
+        return m
+
     try:
-        mark_running(live)
-        m = json.loads((live / ".running.json").read_text())
-        m["pid"] = child.pid  # another process's job, alive
-        (live / ".running.json").write_text(json.dumps(m))
+        m = marker(live, pid=child.pid, proc_start=_proc_start(child.pid))  # another process's job, alive
         gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-        m["pid"] = int(gone.stdout)  # a job whose process has exited without a record
-        (dead / ".running.json").write_text(json.dumps(m))
+        marker(dead, pid=int(gone.stdout))  # exited without a record
+        marker(rerun, pid=child.pid, proc_start=_proc_start(child.pid))
+        if _proc_start(child.pid) is not None:  # Linux: a live pid that is another process than the job's
+            marker(recycled, pid=child.pid, proc_start=_proc_start(child.pid) - 1)
+        else:
+            marker(recycled, pid=int(gone.stdout))
+        marker(elsewhere, host="another-host")
+        assert not list(sweep.rglob("*.tmp"))
         s = summarize_sweep(sweep)
     finally:
         child.kill()
         child.wait()
-    assert s["jobs"] == 4 and s["ok"] == 1
-    assert [(j["dir"], j["status"]) for j in s["running"]] == [("1_b", "running")]
-    assert s["running"][0]["error"].startswith(f"pid {child.pid} on {socket.gethostname()}")
-    assert {j["dir"]: j["status"] for j in s["failed"]} == {"2_c": "missing", "3_d": "missing"}
-    assert "killed" in s["failed"][0]["error"] and "no running marker" in s["failed"][1]["error"]
-    assert json.loads((sweep / "summary.json").read_text())["running"][0]["dir"] == "1_b"
-    # the live process ends without a record: now it is a killed job
+    assert m["host"] and s["jobs"] == 7 and s["ok"] == 1
+    assert {j["dir"] for j in s["running"]} == {"1_live", "4_rerun"}
+    assert s["running"][0]["error"].startswith(f"pid {child.pid} on {m['host']}")
+    assert "an earlier attempt's" in s["running"][1]["error"]
+    failed = {j["dir"]: (j["status"], j["error"]) for j in s["failed"]}
+    assert set(failed) == {"2_dead", "3_bare", "5_recycled", "6_elsewhere"}
+    assert failed["2_dead"][0] == failed["5_recycled"][0] == "missing" and "killed" in failed["2_dead"][1]
+    assert "no running marker" in failed["3_bare"][1]
+    assert failed["6_elsewhere"][0] == "unknown" and "another host, not checked" in failed["6_elsewhere"][1]
+    assert json.loads((sweep / "summary.json").read_text())["running"][0]["dir"] == "1_live"
+    # the live process ends without a record: now it is a killed job, and the rerun's old record is not its outcome
     s = summarize_sweep(sweep)
-    assert s["running"] == [] and {j["dir"] for j in s["failed"]} == {"1_b", "2_c", "3_d"}
+    assert s["running"] == [] and {j["dir"] for j in s["failed"]} == {"1_live", "2_dead", "3_bare", "4_rerun",
+                                                                     "5_recycled", "6_elsewhere"}
+    # a record written after the marker is this attempt's (a marker that could not be removed)
+    (rerun / "results.json").write_text(json.dumps({"status": "ok"}))
+    assert "4_rerun" not in {j["dir"] for j in summarize_sweep(sweep)["failed"]}
+
+
+def test_a_ddp_rank_above_zero_keeps_its_record_beside_rank_zeros(cfg_factory, monkeypatch):
+    """results.json and the running marker are rank 0's: another rank writes results.rank<N>.json and no marker, so
+    a rank that ends first never stands in for the job's outcome."""
+    from mlmlab.sweep import global_rank
+    from mlmlab.train import Job
+
+    for var in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert global_rank() == 0
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("SLURM_PROCID", "2")
+    assert global_rank() == 2
+    monkeypatch.setenv("RANK", "1")
+    assert global_rank() == 1
+    cfg = cfg_factory("logger=none")
+    out = Path(cfg.paths.output_dir)
+    with Job(cfg, lambda c: None) as job:
+        assert not (out / ".running.json").exists()
+        job.done({"x": 1.0})
+    assert json.loads((out / "results.rank1.json").read_text())["status"] == "ok"
+    assert not (out / "results.json").exists()
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(RuntimeError, match="boom"):
+        with Job(cfg, lambda c: None):
+            assert (out / ".running.json").exists()
+            raise RuntimeError("boom")
+    assert json.loads((out / "results.json").read_text())["status"] == "failed"
+    assert not (out / ".running.json").exists()  # cleared when the job failed, too
 
 
 def test_multirun_with_a_crashing_job_finishes_the_others_and_says_why(tmp_path, cache_dir):
@@ -239,6 +288,7 @@ def test_multirun_with_a_crashing_job_finishes_the_others_and_says_why(tmp_path,
     log = p.stdout + p.stderr
     assert "multirun summary: 1 of 2 jobs ok, 1 failed" in log and log.count("multirun summary:") == 1
     assert "litlogger" not in log and "LeafSpec" not in log  # library noise (issue 18), not about the job
+    assert not (bad / ".running.json").exists() and not (good / ".running.json").exists()
     assert f"FAILED {bad.name}: failed: ConfigError: mask.rate=1.5 must be in the open interval" in log
     s = json.loads((sweep / "summary.json").read_text())
     assert s["jobs"] == 2 and [f["dir"] for f in s["failed"]] == [bad.name]

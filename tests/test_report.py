@@ -111,7 +111,7 @@ def test_compare_table_and_detectable_difference(repo: Path):
     (repo / "docs" / "results" / "tables.yaml").write_text(
         "t1:\n  kind: compare\n  source: sweep\n  by: mask.rate\n  baseline: 0.15\n"
         "  metrics:\n    - {key: downstream/score - val/loss, label: x}\n")
-    with pytest.raises(report.ReportError, match=r"no metric 'downstream/score - val/loss' .*val/loss"):
+    with pytest.raises(report.ReportError, match=r"no metric 'downstream/score - val/loss' in its runs \(.*no column \['val/loss'\]"):
         report.update(repo)
 
 
