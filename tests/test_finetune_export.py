@@ -57,6 +57,12 @@ def test_finetune_task_shorthand_and_bad_input(pretrained, tmp_path, cache_dir):
     p = run_module("mlmlab.finetune", [f"checkpoint={tmp_path}/missing.ckpt", "task=builtin_topic",
                                        f"hydra.run.dir={tmp_path / 'b'}"], cache_dir)
     assert p.returncode != 0 and "missing.ckpt' does not exist" in p.stderr
+    sweep = tmp_path / "sweep"  # a multirun of fine-tunings ends with the same summary as a pretraining sweep
+    p = run_module("mlmlab.finetune", ["-m", f"checkpoint={ckpt}", "task=nope,builtin_topic", *FAST_DOWNSTREAM,
+                                       f"hydra.sweep.dir={sweep}"], cache_dir)
+    assert p.returncode != 0 and "multirun summary: 1 of 2 jobs ok, 1 failed" in p.stdout + p.stderr
+    assert json.loads((sweep / "summary.json").read_text())["failed"][0]["status"] == "failed"
+    assert not list(sweep.rglob(".running.json"))
     not_ckpt = tmp_path / "x.ckpt"
     not_ckpt.write_text("hello")
     with pytest.raises(ConfigError, match="could not be read as a checkpoint"):
