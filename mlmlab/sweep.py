@@ -157,13 +157,22 @@ def unfinished_state(job_dir: Path) -> dict:
                                       "error": "no results.json and no running marker (killed before it started?)"}
 
 
-def _proc_start(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (Linux /proc; None elsewhere): with the pid it names one
-    process, so a recycled pid does not pass for the job."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (Linux; None elsewhere or when the process is gone):
+    [0] the state, [19] the start time in clock ticks since boot."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat.rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _proc_start(pid: int, stat: list[str] | None = None) -> int | None:
+    """The process's start time (None where /proc is not there): with the pid it names one process, so a recycled
+    pid does not pass for the job."""
+    stat = stat if stat is not None else _stat(pid)
+    try:
+        return int(stat[19]) if stat else None
+    except (ValueError, IndexError):
         return None
 
 
@@ -176,11 +185,8 @@ def _alive(pid: int, proc_start: int | None = None) -> bool:
         return False
     except PermissionError:  # exists, owned by someone else
         pass
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        if state in ("Z", "X"):  # a zombie: exited, not yet reaped
-            return False
-    except (OSError, IndexError):
-        pass
-    now = _proc_start(pid)
+    stat = _stat(pid)
+    if stat and stat[0] in ("Z", "X"):  # a zombie: exited, not yet reaped
+        return False
+    now = _proc_start(pid, stat)
     return proc_start is None or now is None or now == proc_start

@@ -206,11 +206,10 @@ class Job:
 
     def __enter__(self) -> Job:
         try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
             if self.rank == 0:  # first: a sweep's summary tells this running job (even while checking) from a killed one
-                self.out_dir.mkdir(parents=True, exist_ok=True)
                 mark_running(self.out_dir)
             self.check(self.cfg)  # fail fast: nothing below runs on a bad config
-            self.out_dir.mkdir(parents=True, exist_ok=True)
             self.config = to_container(self.cfg)
             self.record.set(config=self.config)
         except BaseException as e:
