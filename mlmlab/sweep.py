@@ -39,23 +39,13 @@ def summarize_sweep(sweep_dir: Path) -> dict | None:
         return None
     jobs = []
     for job in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        path = job / "results.json"
-        if not path.exists():
-            if (job / ".hydra").exists() or (job / RUNNING).exists():
-                jobs.append({"dir": job.name, **unfinished_state(job)})
+        entry = _job_state(job)
+        if entry is None:
             continue
-        state = running_state(job)  # rerun in its dir (skip_completed, resume=): the record is an earlier attempt's
-        if state is not None:
-            jobs.append({"dir": job.name, **state})
-            continue
-        try:
-            r = json.loads(path.read_text())
-        except ValueError as e:
-            jobs.append({"dir": job.name, "status": "unreadable", "error": str(e)})
-            continue
-        err = r.get("error") or {}
-        jobs.append({"dir": job.name, "status": r.get("status"),
-                     "error": f"{err.get('type')}: {err.get('message')}" if err else None})
+        ranks = _rank_failures(job)  # DDP: a rank > 0 that failed, beside rank 0's outcome (or its killed marker)
+        if ranks and entry["status"] not in ("ok", "running"):
+            entry["error"] = "; ".join([entry["error"]] + ranks if entry["error"] else ranks)
+        jobs.append({"dir": job.name, **entry})
     if not jobs:
         return None
     running = [j for j in jobs if j["status"] == "running"]
@@ -75,6 +65,40 @@ def summarize_sweep(sweep_dir: Path) -> dict | None:
     return summary
 
 
+def _job_state(job: Path) -> dict | None:
+    """One job dir's status and error (None when it is not a job dir)."""
+    path = job / "results.json"
+    if not path.exists():
+        if (job / ".hydra").exists() or (job / RUNNING).exists() or list(job.glob("results.rank*.json")):
+            return unfinished_state(job)
+        return None
+    state = running_state(job)  # rerun in its dir (skip_completed, resume=): the record is an earlier attempt's
+    if state is not None:
+        return state
+    try:
+        r = json.loads(path.read_text())
+    except ValueError as e:
+        return {"status": "unreadable", "error": str(e)}
+    err = r.get("error") or {}
+    return {"status": r.get("status"), "error": f"{err.get('type')}: {err.get('message')}" if err else None}
+
+
+def _rank_failures(job: Path) -> list[str]:
+    """``rank N failed: <type>: <message>`` for each ``results.rank<N>.json`` (a DDP rank > 0) that is not ok."""
+    out = []
+    for path in sorted(job.glob("results.rank*.json")):
+        rank = path.name[len("results.rank"):-len(".json")]
+        try:
+            r = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            out.append(f"rank {rank}: unreadable record ({e})")
+            continue
+        if r.get("status") != "ok":
+            err = r.get("error") or {}
+            out.append(f"rank {rank} {r.get('status')}: {err.get('type')}: {err.get('message')}")
+    return out
+
+
 def _logs_to_console(logger: logging.Logger) -> bool:
     """Whether a record of ``logger`` reaches a stream handler that is not a file (the terminal)."""
     lg: logging.Logger | None = logger
@@ -90,6 +114,9 @@ def _logs_to_console(logger: logging.Logger) -> bool:
 # multirun writing into the same sweep dir, or a launcher's other worker -- and one that was killed look alike.
 
 RUNNING = ".running.json"
+HEARTBEAT_S = 60.0  # a running job touches its marker this often (its mtime is the heartbeat)
+STALE_HEARTBEATS = 10  # another host's marker whose heartbeat is older than this many periods: the job was killed
+_heartbeats: dict[str, object] = {}  # out_dir -> the threading.Event that stops its heartbeat
 
 
 def global_rank() -> int:
@@ -101,21 +128,45 @@ def global_rank() -> int:
     return 0
 
 
-def mark_running(out_dir: Path) -> None:
+def mark_running(out_dir: Path, heartbeat_s: float = HEARTBEAT_S) -> None:
     """Write ``<out_dir>/.running.json`` (pid, the process's start time, host, start time) when a job starts;
-    ``clear_running`` removes it when the job ends either way. Left behind, it names the process that was killed."""
+    ``clear_running`` removes it when the job ends either way. Left behind, it names the process that was killed.
+    While the job runs a daemon thread touches the marker every ``heartbeat_s`` seconds, so a sweep summary on another
+    host (a cluster launcher's workers) tells a running job (fresh heartbeat) from a killed one (stale)."""
     import socket
+    import threading
     import time
 
     out_dir = Path(out_dir)
     tmp = out_dir / f"{RUNNING}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps({"pid": os.getpid(), "proc_start": _proc_start(os.getpid()),
                                "host": socket.gethostname(), "started": time.time(),
-                               "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
+                               "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "heartbeat_s": heartbeat_s}))
     os.replace(tmp, out_dir / RUNNING)
+    _stop_heartbeat(out_dir)
+    stop = _heartbeats[str(out_dir)] = threading.Event()
+    threading.Thread(target=_beat, args=(out_dir / RUNNING, heartbeat_s, stop), daemon=True,
+                     name=f"mlmlab-heartbeat:{out_dir.name}").start()
+
+
+def _beat(marker: Path, period: float, stop) -> None:
+    while not stop.wait(period):
+        try:
+            os.utime(marker)
+        except FileNotFoundError:  # cleared (or the dir removed): nothing left to keep alive
+            return
+        except OSError as e:  # a flaky shared filesystem: keep trying, never fail the job over it
+            log.debug("heartbeat on %s failed (%s)", marker, e)
+
+
+def _stop_heartbeat(out_dir: Path) -> None:
+    stop = _heartbeats.pop(str(Path(out_dir)), None)
+    if stop is not None:
+        stop.set()
 
 
 def clear_running(out_dir: Path) -> None:
+    _stop_heartbeat(out_dir)
     try:
         (Path(out_dir) / RUNNING).unlink(missing_ok=True)
     except OSError as e:  # never let the marker hide the job's own outcome
@@ -124,9 +175,11 @@ def clear_running(out_dir: Path) -> None:
 
 def running_state(job_dir: Path) -> dict | None:
     """What a job dir's marker says, or None when it has none (or the job's record is newer than it):
-    ``running`` while its process lives on this host; ``missing`` (killed) when it is gone; ``unknown`` when it ran on
-    another host, where the process cannot be checked (counted as not ok: running there, or killed)."""
+    ``running`` while its process lives on this host; ``missing`` (killed) when it is gone. On another host, where
+    the process cannot be checked, the marker's heartbeat (its mtime) decides: ``running`` while it is fresher than
+    ``STALE_HEARTBEATS`` periods, ``missing`` (killed) when older; ``unknown`` (not ok) for a marker without one."""
     import socket
+    import time
 
     job_dir = Path(job_dir)
     try:
@@ -145,7 +198,15 @@ def running_state(job_dir: Path) -> dict | None:
     who = f"pid {pid} on {host}, started {started}"
     earlier = "; its results.json is an earlier attempt's" if record.exists() else ""
     if host != socket.gethostname():
-        return {"status": "unknown", "error": f"{who}: another host, not checked -- running there or killed{earlier}"}
+        try:
+            period, age = float(m["heartbeat_s"]), time.time() - (job_dir / RUNNING).stat().st_mtime
+        except (KeyError, TypeError, ValueError, OSError):
+            return {"status": "unknown",
+                    "error": f"{who}: another host, no heartbeat -- running there or killed{earlier}"}
+        if age <= STALE_HEARTBEATS * period:
+            return {"status": "running", "error": f"{who} (another host, heartbeat {age:.0f} s ago){earlier}"}
+        return {"status": "missing", "error": f"killed ({who}, another host: heartbeat stopped {age:.0f} s ago, "
+                                             f"every {period:.0f} s while running){earlier or ': no results.json'}"}
     if _alive(pid, m.get("proc_start")):
         return {"status": "running", "error": who + earlier}
     return {"status": "missing", "error": f"killed ({who}, no longer running){earlier or ': no results.json'}"}

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -192,22 +194,28 @@ def test_sweep_killed_midway_is_completed_by_rerunning_it(tmp_path, cache_dir):
 def test_sweep_summary_tells_a_running_job_from_a_killed_one(tmp_path):
     """Two multiruns writing into one sweep dir: the one that ends first must not call the other's running job
     failed. A job dir's marker means `running` while the process it names lives (same pid and start time, not a
-    zombie), `missing` (killed) when it is gone, `unknown` (not ok) on another host; a live marker beside an older
-    record (a job rerun in its dir) is running, not the old outcome."""
-    from mlmlab.sweep import _proc_start, mark_running, summarize_sweep
+    zombie), `missing` (killed) when it is gone; on another host its heartbeat (mtime) decides, and a marker without
+    one is `unknown` (not ok); a live marker beside an older record (a job rerun in its dir) is running, not the old
+    outcome; a DDP rank > 0's failure is named beside rank 0's outcome."""
+    from mlmlab.sweep import STALE_HEARTBEATS, _proc_start, _stop_heartbeat, mark_running, summarize_sweep
 
     sweep = tmp_path / "sweep"
-    names = ("0_done", "1_live", "2_dead", "3_bare", "4_rerun", "5_recycled", "6_elsewhere")
-    done, live, dead, bare, rerun, recycled, elsewhere = (sweep / n for n in names)
-    for d in (done, live, dead, bare, rerun, recycled, elsewhere):
+    names = ("0_done", "1_live", "2_dead", "3_bare", "4_rerun", "5_recycled", "6_elsewhere", "7_elsewhere_stale",
+             "8_elsewhere_old", "9_ddp")
+    done, live, dead, bare, rerun, recycled, elsewhere, stale, old, ddp = (sweep / n for n in names)
+    for d in (done, live, dead, bare, rerun, recycled, elsewhere, stale, old, ddp):
         (d / ".hydra").mkdir(parents=True)
     (done / "results.json").write_text(json.dumps({"status": "ok"}))
     (rerun / "results.json").write_text(json.dumps({"status": "failed", "error": {"type": "X", "message": "old"}}))
     os.utime(rerun / "results.json", (1e9, 1e9))  # the earlier attempt's record, older than the marker
+    (ddp / "results.json").write_text(json.dumps({"status": "failed", "error": {"type": "DistError", "message": "r0"}}))
+    (ddp / "results.rank1.json").write_text(json.dumps({"status": "failed", "error": {"type": "OOM", "message": "r1"}}))
+    (ddp / "results.rank2.json").write_text(json.dumps({"status": "ok"}))
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 
     def marker(d, **kw):
         mark_running(d)
+        _stop_heartbeat(d)  # this test sets the markers' ages itself
         m = {**json.loads((d / ".running.json").read_text()), **kw}
         (d / ".running.json").write_text(json.dumps(m))
         return m
@@ -221,29 +229,65 @@ def test_sweep_summary_tells_a_running_job_from_a_killed_one(tmp_path):
             marker(recycled, pid=child.pid, proc_start=_proc_start(child.pid) - 1)
         else:
             marker(recycled, pid=int(gone.stdout))
-        marker(elsewhere, host="another-host")
+        assert marker(elsewhere, host="another-host")["heartbeat_s"] == 60
+        marker(stale, host="another-host")
+        t = time.time() - STALE_HEARTBEATS * 60 - 5
+        os.utime(stale / ".running.json", (t, t))  # its heartbeat stopped 10 periods ago
+        marker(old, host="another-host", heartbeat_s=None)  # a marker without a heartbeat (an older mlmlab)
         assert not list(sweep.rglob("*.tmp"))
         s = summarize_sweep(sweep)
     finally:
         child.kill()
         child.wait()
-    assert m["host"] and s["jobs"] == 7 and s["ok"] == 1
-    assert {j["dir"] for j in s["running"]} == {"1_live", "4_rerun"}
+    assert m["host"] and s["jobs"] == 10 and s["ok"] == 1
+    assert {j["dir"] for j in s["running"]} == {"1_live", "4_rerun", "6_elsewhere"}
     assert s["running"][0]["error"].startswith(f"pid {child.pid} on {m['host']}")
     assert "an earlier attempt's" in s["running"][1]["error"]
+    assert re.search(r"another host, heartbeat [0-9] s ago", s["running"][2]["error"])
     failed = {j["dir"]: (j["status"], j["error"]) for j in s["failed"]}
-    assert set(failed) == {"2_dead", "3_bare", "5_recycled", "6_elsewhere"}
+    assert set(failed) == {"2_dead", "3_bare", "5_recycled", "7_elsewhere_stale", "8_elsewhere_old", "9_ddp"}
     assert failed["2_dead"][0] == failed["5_recycled"][0] == "missing" and "killed" in failed["2_dead"][1]
     assert "no running marker" in failed["3_bare"][1]
-    assert failed["6_elsewhere"][0] == "unknown" and "another host, not checked" in failed["6_elsewhere"][1]
+    assert failed["7_elsewhere_stale"][0] == "missing"
+    assert re.search("heartbeat stopped 60[5-9] s ago", failed["7_elsewhere_stale"][1])
+    assert failed["8_elsewhere_old"][0] == "unknown" and "another host, no heartbeat" in failed["8_elsewhere_old"][1]
+    assert failed["9_ddp"] == ("failed", "DistError: r0; rank 1 failed: OOM: r1")  # rank 2 was ok
     assert json.loads((sweep / "summary.json").read_text())["running"][0]["dir"] == "1_live"
     # the live process ends without a record: now it is a killed job, and the rerun's old record is not its outcome
     s = summarize_sweep(sweep)
-    assert s["running"] == [] and {j["dir"] for j in s["failed"]} == {"1_live", "2_dead", "3_bare", "4_rerun",
-                                                                     "5_recycled", "6_elsewhere"}
+    assert {j["dir"] for j in s["running"]} == {"6_elsewhere"}
+    assert {"1_live", "4_rerun"} <= {j["dir"] for j in s["failed"]}
     # a record written after the marker is this attempt's (a marker that could not be removed)
     (rerun / "results.json").write_text(json.dumps({"status": "ok"}))
     assert "4_rerun" not in {j["dir"] for j in summarize_sweep(sweep)["failed"]}
+    # rank 0 killed (its marker left, no record) while rank 1 recorded why: both in the summary
+    shutil.rmtree(ddp)
+    (ddp / ".hydra").mkdir(parents=True)
+    marker(ddp, pid=int(gone.stdout))
+    (ddp / "results.rank1.json").write_text(json.dumps({"status": "failed", "error": {"type": "OOM", "message": "r1"}}))
+    e = {j["dir"]: j["error"] for j in summarize_sweep(sweep)["failed"]}["9_ddp"]
+    assert e.startswith("killed (pid") and e.endswith("; rank 1 failed: OOM: r1")
+
+
+def test_a_running_job_keeps_its_marker_s_heartbeat_until_it_ends(tmp_path):
+    """The marker's mtime is the heartbeat a summary on another host reads: touched while the job runs, and the
+    thread ends when the job clears its marker."""
+    import threading
+
+    from mlmlab.sweep import clear_running, mark_running
+
+    path = tmp_path / ".running.json"
+    mark_running(tmp_path, heartbeat_s=0.05)
+    os.utime(path, (1e9, 1e9))
+    deadline = time.time() + 10
+    while path.stat().st_mtime < 2e9 and time.time() < deadline:
+        time.sleep(0.02)
+    assert path.stat().st_mtime > time.time() - 60  # touched again
+    beats = [t for t in threading.enumerate() if t.name == f"mlmlab-heartbeat:{tmp_path.name}"]
+    assert len(beats) == 1
+    clear_running(tmp_path)
+    beats[0].join(timeout=5)
+    assert not path.exists() and not beats[0].is_alive()
 
 
 def test_a_ddp_rank_above_zero_keeps_its_record_beside_rank_zeros(cfg_factory, monkeypatch):
