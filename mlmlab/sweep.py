@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,9 @@ def summarize_sweep(sweep_dir: Path) -> dict | None:
     if not sweep_dir.is_dir():
         return None
     jobs = []
+    now = _fs_now(sweep_dir)  # the shared filesystem's clock: other hosts' heartbeats are its mtimes
     for job in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        entry = _job_state(job)
+        entry = _job_state(job, now)
         if entry is None:
             continue
         ranks = _rank_failures(job)  # DDP: a rank > 0 that failed, beside rank 0's outcome (or its killed marker)
@@ -65,31 +67,75 @@ def summarize_sweep(sweep_dir: Path) -> dict | None:
     return summary
 
 
-def _job_state(job: Path) -> dict | None:
+def _fs_now(folder: Path) -> float:
+    """The current time as the filesystem holding ``folder`` stamps it (a file server's clock on NFS), so a heartbeat
+    written by another host is aged without the skew between this host's clock and the server's."""
+    import time
+
+    probe = Path(folder) / f".clock.{os.getpid()}.tmp"
+    try:
+        probe.touch()
+        try:
+            return probe.stat().st_mtime
+        finally:
+            probe.unlink(missing_ok=True)
+    except OSError:
+        return time.time()
+
+
+def _job_state(job: Path, now: float | None = None) -> dict | None:
     """One job dir's status and error (None when it is not a job dir)."""
     path = job / "results.json"
     if not path.exists():
-        if (job / ".hydra").exists() or (job / RUNNING).exists() or list(job.glob("results.rank*.json")):
-            return unfinished_state(job)
+        if (job / ".hydra").exists() or (job / RUNNING).exists() or _rank_records(job):
+            return unfinished_state(job, now)
         return None
-    state = running_state(job)  # rerun in its dir (skip_completed, resume=): the record is an earlier attempt's
+    state = running_state(job, now)  # rerun in its dir (skip_completed, resume=): the record is an earlier attempt's
     if state is not None:
         return state
     try:
         r = json.loads(path.read_text())
+        if not isinstance(r, dict):
+            raise ValueError(f"a JSON {type(r).__name__}, not an object")
     except ValueError as e:
         return {"status": "unreadable", "error": str(e)}
     err = r.get("error") or {}
     return {"status": r.get("status"), "error": f"{err.get('type')}: {err.get('message')}" if err else None}
 
 
-def _rank_failures(job: Path) -> list[str]:
-    """``rank N failed: <type>: <message>`` for each ``results.rank<N>.json`` (a DDP rank > 0) that is not ok."""
-    out = []
-    for path in sorted(job.glob("results.rank*.json")):
-        rank = path.name[len("results.rank"):-len(".json")]
+def _rank_records(job: Path) -> list[tuple[int, Path]]:
+    """The ``results.rank<N>.json`` records of a job dir (DDP ranks > 0), by rank."""
+    found = (re.fullmatch(r"results\.rank(\d+)\.json", p.name) for p in job.iterdir())
+    return sorted((int(m.group(1)), job / m.group(0)) for m in found if m)
+
+
+def _attempt_start(job: Path) -> float | None:
+    """When the job dir's latest attempt started (its marker's, else its record's ``started_at``): older rank records
+    are an earlier attempt's."""
+    import datetime
+
+    for path, read in ((job / RUNNING, lambda m: float(m["started"])),
+                       (job / "results.json",
+                        lambda r: datetime.datetime.strptime(r["started_at"], "%Y-%m-%dT%H:%M:%S%z").timestamp())):
         try:
+            return read(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def _rank_failures(job: Path) -> list[str]:
+    """``rank N failed: <type>: <message>`` for each ``results.rank<N>.json`` (a DDP rank > 0) of the job's latest
+    attempt that is not ok."""
+    out = []
+    start = _attempt_start(job)
+    for rank, path in _rank_records(job):
+        try:
+            if start is not None and path.stat().st_mtime < start:
+                continue
             r = json.loads(path.read_text())
+            if not isinstance(r, dict):
+                raise ValueError(f"a JSON {type(r).__name__}, not an object")
         except (OSError, ValueError) as e:
             out.append(f"rank {rank}: unreadable record ({e})")
             continue
@@ -116,7 +162,7 @@ def _logs_to_console(logger: logging.Logger) -> bool:
 RUNNING = ".running.json"
 HEARTBEAT_S = 60.0  # a running job touches its marker this often (its mtime is the heartbeat)
 STALE_HEARTBEATS = 10  # another host's marker whose heartbeat is older than this many periods: the job was killed
-_heartbeats: dict[str, object] = {}  # out_dir -> the threading.Event that stops its heartbeat
+_heartbeats: dict[str, tuple] = {}  # out_dir -> (the threading.Event that stops its heartbeat, its marker's identity)
 
 
 def global_rank() -> int:
@@ -138,42 +184,63 @@ def mark_running(out_dir: Path, heartbeat_s: float = HEARTBEAT_S) -> None:
     import time
 
     out_dir = Path(out_dir)
+    ident = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
     tmp = out_dir / f"{RUNNING}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"pid": os.getpid(), "proc_start": _proc_start(os.getpid()),
-                               "host": socket.gethostname(), "started": time.time(),
+    tmp.write_text(json.dumps({**ident, "proc_start": _proc_start(os.getpid()),
                                "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "heartbeat_s": heartbeat_s}))
     os.replace(tmp, out_dir / RUNNING)
     _stop_heartbeat(out_dir)
-    stop = _heartbeats[str(out_dir)] = threading.Event()
-    threading.Thread(target=_beat, args=(out_dir / RUNNING, heartbeat_s, stop), daemon=True,
+    stop = threading.Event()
+    _heartbeats[str(out_dir)] = (stop, ident)
+    threading.Thread(target=_beat, args=(out_dir / RUNNING, heartbeat_s, stop, ident), daemon=True,
                      name=f"mlmlab-heartbeat:{out_dir.name}").start()
 
 
-def _beat(marker: Path, period: float, stop) -> None:
+def _ours(marker: Path, ident: dict) -> bool:
+    """Whether the marker file is still the one ``ident`` wrote (not another attempt's that replaced it)."""
+    m = json.loads(marker.read_text())
+    return isinstance(m, dict) and all(m.get(k) == v for k, v in ident.items())
+
+
+def _beat(marker: Path, period: float, stop, ident: dict) -> None:
     while not stop.wait(period):
         try:
+            if not _ours(marker, ident):  # another attempt (a rerun elsewhere) replaced it: its own heartbeat's job
+                return
             os.utime(marker)
         except FileNotFoundError:  # cleared (or the dir removed): nothing left to keep alive
             return
-        except OSError as e:  # a flaky shared filesystem: keep trying, never fail the job over it
+        except (OSError, ValueError) as e:  # a flaky shared filesystem: keep trying, never fail the job over it
             log.debug("heartbeat on %s failed (%s)", marker, e)
 
 
-def _stop_heartbeat(out_dir: Path) -> None:
-    stop = _heartbeats.pop(str(Path(out_dir)), None)
+def _stop_heartbeat(out_dir: Path) -> dict | None:
+    """Stop the heartbeat of ``out_dir``'s marker; returns the marker's identity (None when it had none here)."""
+    stop, ident = _heartbeats.pop(str(Path(out_dir)), (None, None))
     if stop is not None:
         stop.set()
+    return ident
 
 
 def clear_running(out_dir: Path) -> None:
-    _stop_heartbeat(out_dir)
+    """Remove the job's marker -- only its own: one that another attempt wrote over it (a rerun of the same job dir,
+    elsewhere) is that attempt's to clear."""
+    import socket
+
+    marker = Path(out_dir) / RUNNING
+    ident = _stop_heartbeat(out_dir) or {"pid": os.getpid(), "host": socket.gethostname()}
     try:
-        (Path(out_dir) / RUNNING).unlink(missing_ok=True)
-    except OSError as e:  # never let the marker hide the job's own outcome
-        log.warning("could not remove %s (%s)", Path(out_dir) / RUNNING, e)
+        if _ours(marker, ident):
+            marker.unlink(missing_ok=True)
+        else:
+            log.info("left %s: another attempt's marker", marker)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as e:  # never let the marker hide the job's own outcome
+        log.warning("could not remove %s (%s)", marker, e)
 
 
-def running_state(job_dir: Path) -> dict | None:
+def running_state(job_dir: Path, now: float | None = None) -> dict | None:
     """What a job dir's marker says, or None when it has none (or the job's record is newer than it):
     ``running`` while its process lives on this host; ``missing`` (killed) when it is gone. On another host, where
     the process cannot be checked, the marker's heartbeat (its mtime) decides: ``running`` while it is fresher than
@@ -199,7 +266,8 @@ def running_state(job_dir: Path) -> dict | None:
     earlier = "; its results.json is an earlier attempt's" if record.exists() else ""
     if host != socket.gethostname():
         try:
-            period, age = float(m["heartbeat_s"]), time.time() - (job_dir / RUNNING).stat().st_mtime
+            period = float(m["heartbeat_s"])
+            age = max(0.0, (time.time() if now is None else now) - (job_dir / RUNNING).stat().st_mtime)
         except (KeyError, TypeError, ValueError, OSError):
             return {"status": "unknown",
                     "error": f"{who}: another host, no heartbeat -- running there or killed{earlier}"}
@@ -212,9 +280,9 @@ def running_state(job_dir: Path) -> dict | None:
     return {"status": "missing", "error": f"killed ({who}, no longer running){earlier or ': no results.json'}"}
 
 
-def unfinished_state(job_dir: Path) -> dict:
+def unfinished_state(job_dir: Path, now: float | None = None) -> dict:
     """A job dir without results.json: its marker's state, or ``missing`` when it has no marker."""
-    return running_state(job_dir) or {"status": "missing",
+    return running_state(job_dir, now) or {"status": "missing",
                                       "error": "no results.json and no running marker (killed before it started?)"}
 
 

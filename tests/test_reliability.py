@@ -208,9 +208,13 @@ def test_sweep_summary_tells_a_running_job_from_a_killed_one(tmp_path):
     (done / "results.json").write_text(json.dumps({"status": "ok"}))
     (rerun / "results.json").write_text(json.dumps({"status": "failed", "error": {"type": "X", "message": "old"}}))
     os.utime(rerun / "results.json", (1e9, 1e9))  # the earlier attempt's record, older than the marker
-    (ddp / "results.json").write_text(json.dumps({"status": "failed", "error": {"type": "DistError", "message": "r0"}}))
-    (ddp / "results.rank1.json").write_text(json.dumps({"status": "failed", "error": {"type": "OOM", "message": "r1"}}))
-    (ddp / "results.rank2.json").write_text(json.dumps({"status": "ok"}))
+    (ddp / "results.json").write_text(json.dumps({"status": "failed", "error": {"type": "DistError", "message": "r0"},
+                                                  "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
+    for rank, status in ((1, "failed"), (2, "failed"), (3, "failed"), (4, "ok"), (10, "failed")):
+        (ddp / f"results.rank{rank}.json").write_text(json.dumps({"status": status,
+                                                                  "error": {"type": "OOM", "message": f"r{rank}"}}))
+    os.utime(ddp / "results.rank3.json", (1e9, 1e9))  # an earlier attempt's rank 3: not this attempt's outcome
+    (ddp / "results.rankings.json").write_text("[]")  # not a rank record
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 
     def marker(d, **kw):
@@ -243,15 +247,18 @@ def test_sweep_summary_tells_a_running_job_from_a_killed_one(tmp_path):
     assert {j["dir"] for j in s["running"]} == {"1_live", "4_rerun", "6_elsewhere"}
     assert s["running"][0]["error"].startswith(f"pid {child.pid} on {m['host']}")
     assert "an earlier attempt's" in s["running"][1]["error"]
-    assert re.search(r"another host, heartbeat [0-9] s ago", s["running"][2]["error"])
+    age = int(re.search(r"another host, heartbeat ([0-9]+) s ago", s["running"][2]["error"]).group(1))
+    assert 0 <= age < 120
     failed = {j["dir"]: (j["status"], j["error"]) for j in s["failed"]}
     assert set(failed) == {"2_dead", "3_bare", "5_recycled", "7_elsewhere_stale", "8_elsewhere_old", "9_ddp"}
     assert failed["2_dead"][0] == failed["5_recycled"][0] == "missing" and "killed" in failed["2_dead"][1]
     assert "no running marker" in failed["3_bare"][1]
     assert failed["7_elsewhere_stale"][0] == "missing"
-    assert re.search("heartbeat stopped 60[5-9] s ago", failed["7_elsewhere_stale"][1])
+    age = int(re.search("heartbeat stopped ([0-9]+) s ago", failed["7_elsewhere_stale"][1]).group(1))
+    assert STALE_HEARTBEATS * 60 < age < STALE_HEARTBEATS * 60 + 120
     assert failed["8_elsewhere_old"][0] == "unknown" and "another host, no heartbeat" in failed["8_elsewhere_old"][1]
-    assert failed["9_ddp"] == ("failed", "DistError: r0; rank 1 failed: OOM: r1")  # rank 2 was ok
+    assert failed["9_ddp"] == ("failed", "DistError: r0; rank 1 failed: OOM: r1; rank 2 failed: OOM: r2; "
+                                         "rank 10 failed: OOM: r10")  # by rank; rank 4 was ok
     assert json.loads((sweep / "summary.json").read_text())["running"][0]["dir"] == "1_live"
     # the live process ends without a record: now it is a killed job, and the rerun's old record is not its outcome
     s = summarize_sweep(sweep)
@@ -270,24 +277,44 @@ def test_sweep_summary_tells_a_running_job_from_a_killed_one(tmp_path):
 
 
 def test_a_running_job_keeps_its_marker_s_heartbeat_until_it_ends(tmp_path):
-    """The marker's mtime is the heartbeat a summary on another host reads: touched while the job runs, and the
-    thread ends when the job clears its marker."""
+    """The marker's mtime is the heartbeat a summary on another host reads: touched while the job runs; the thread
+    ends when the job clears its marker (also when it would not beat again for an hour), and it neither beats for
+    nor removes a marker that another attempt wrote over its own."""
     import threading
 
     from mlmlab.sweep import clear_running, mark_running
 
-    path = tmp_path / ".running.json"
-    mark_running(tmp_path, heartbeat_s=0.05)
-    os.utime(path, (1e9, 1e9))
-    deadline = time.time() + 10
-    while path.stat().st_mtime < 2e9 and time.time() < deadline:
-        time.sleep(0.02)
-    assert path.stat().st_mtime > time.time() - 60  # touched again
-    beats = [t for t in threading.enumerate() if t.name == f"mlmlab-heartbeat:{tmp_path.name}"]
-    assert len(beats) == 1
-    clear_running(tmp_path)
-    beats[0].join(timeout=5)
-    assert not path.exists() and not beats[0].is_alive()
+    def beats(d):
+        return [t for t in threading.enumerate() if t.name == f"mlmlab-heartbeat:{d.name}"]
+
+    fast, slow, replaced = (tmp_path / n for n in ("fast", "slow", "replaced"))
+    for d in (fast, slow, replaced):
+        d.mkdir()
+    try:
+        mark_running(fast, heartbeat_s=0.05)
+        mark_running(slow, heartbeat_s=3600)
+        mark_running(replaced, heartbeat_s=0.05)
+        os.utime(fast / ".running.json", (1e9, 1e9))
+        deadline = time.time() + 10
+        while (fast / ".running.json").stat().st_mtime < 2e9 and time.time() < deadline:
+            time.sleep(0.02)
+        assert (fast / ".running.json").stat().st_mtime > time.time() - 60  # touched again
+        t_fast, t_slow, t_replaced = beats(fast), beats(slow), beats(replaced)
+        assert len(t_fast) == len(t_slow) == len(t_replaced) == 1
+        other = {**json.loads((replaced / ".running.json").read_text()), "pid": 1, "host": "another-host"}
+        (replaced / ".running.json").write_text(json.dumps(other))  # a rerun elsewhere took the dir over
+        os.utime(replaced / ".running.json", (1e9, 1e9))
+        t_replaced[0].join(timeout=10)
+        assert not t_replaced[0].is_alive()  # stopped by itself: not its marker any more
+        assert (replaced / ".running.json").stat().st_mtime == 1e9  # and never touched it
+    finally:
+        for d in (fast, slow, replaced):
+            clear_running(d)
+    for t in t_fast + t_slow:
+        t.join(timeout=5)
+        assert not t.is_alive()  # the slow one only ends because clear_running stops it
+    assert not (fast / ".running.json").exists() and not (slow / ".running.json").exists()
+    assert json.loads((replaced / ".running.json").read_text())["host"] == "another-host"  # left to its owner
 
 
 def test_a_ddp_rank_above_zero_keeps_its_record_beside_rank_zeros(cfg_factory, monkeypatch):
