@@ -288,14 +288,15 @@ def _default_notebook_text(name: str, monkeypatch) -> str:
 
 
 def test_replacement_notebook_reads_every_domain_committed(monkeypatch):
-    """02_replacement.ipynb on its default sources: finance (findings 2 and 3), medical and general text (real_en_ratios, with
+    """02_replacement.ipynb on its default sources: finance and medical (findings 2 and 3), general text (real_en_ratios, with
     real_en_rates' 40% jobs as its 80/10/10 arm and its 15% jobs left out), compared within each domain; general text's
     80/10/10 records (older) lack the per-kind losses, which are left out of its comparisons instead of failing."""
     text = _default_notebook_text("02_replacement.ipynb", monkeypatch)
     assert "== finance (18 pretraining runs)" in text and "== general text (12 pretraining runs)" in text
     assert "general text: 0.8/0.2/0, uniform vs baseline on downstream/sst2/acc: -6.5 ± 3.4 points" in text
     assert "finance: 0.8/0.2/0, uniform vs baseline on downstream/financial_phrasebank@250/acc: -1.9" in text
-    assert "== medical (12 pretraining runs)" in text  # its jobs and their 250-label fine-tunings merged per run
+    assert "== medical (18 pretraining runs)" in text  # its jobs and their 250-label fine-tunings merged per run
+    assert "medical: 0.8/0.1/0.1, domain vs baseline on downstream/medical@250/acc: -1.5 ± 8.5 points" in text
     assert "medical: 1/0/0, uniform vs baseline on downstream/medical@250/acc: -3.8 ± 8.2 points" in text
     assert "medical: 0.8/0/0.2, uniform vs baseline on downstream/medical@250/acc: -3.1 ± 6.9 points" in text
     assert "mask.rate=0.15" not in text  # real_en_rates' 15% jobs are not an arm here
