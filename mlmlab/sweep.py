@@ -94,13 +94,24 @@ def _job_state(job: Path, now: float | None = None) -> dict | None:
     if state is not None:
         return state
     try:
-        r = json.loads(path.read_text())
-        if not isinstance(r, dict):
-            raise ValueError(f"a JSON {type(r).__name__}, not an object")
+        r = _read_record(path)
     except ValueError as e:
         return {"status": "unreadable", "error": str(e)}
+    return {"status": r.get("status"), "error": _error_text(r)}
+
+
+def _read_record(path: Path) -> dict:
+    """A results record (a JSON object); ValueError when it is not JSON or not an object, OSError when unreadable."""
+    r = json.loads(path.read_text())
+    if not isinstance(r, dict):
+        raise ValueError(f"a JSON {type(r).__name__}, not an object")
+    return r
+
+
+def _error_text(r: dict) -> str | None:
+    """``<type>: <message>`` of a record's error, None when it has none."""
     err = r.get("error") or {}
-    return {"status": r.get("status"), "error": f"{err.get('type')}: {err.get('message')}" if err else None}
+    return f"{err.get('type')}: {err.get('message')}" if err else None
 
 
 def _rank_records(job: Path) -> list[tuple[int, Path]]:
@@ -133,15 +144,13 @@ def _rank_failures(job: Path) -> list[str]:
         try:
             if start is not None and path.stat().st_mtime < start:
                 continue
-            r = json.loads(path.read_text())
-            if not isinstance(r, dict):
-                raise ValueError(f"a JSON {type(r).__name__}, not an object")
+            r = _read_record(path)
         except (OSError, ValueError) as e:
             out.append(f"rank {rank}: unreadable record ({e})")
             continue
         if r.get("status") != "ok":
-            err = r.get("error") or {}
-            out.append(f"rank {rank} {r.get('status')}: {err.get('type')}: {err.get('message')}")
+            why = _error_text(r)
+            out.append(f"rank {rank} {r.get('status')}" + (f": {why}" if why else ""))
     return out
 
 

@@ -274,6 +274,10 @@ def test_sweep_summary_tells_a_running_job_from_a_killed_one(tmp_path):
     (ddp / "results.rank1.json").write_text(json.dumps({"status": "failed", "error": {"type": "OOM", "message": "r1"}}))
     e = {j["dir"]: j["error"] for j in summarize_sweep(sweep)["failed"]}["9_ddp"]
     assert e.startswith("killed (pid") and e.endswith("; rank 1 failed: OOM: r1")
+    # a rank's record that names no error: its status alone
+    (ddp / "results.rank1.json").write_text(json.dumps({"status": "failed"}))
+    e = {j["dir"]: j["error"] for j in summarize_sweep(sweep)["failed"]}["9_ddp"]
+    assert e.endswith("; rank 1 failed")
 
 
 def test_a_running_job_keeps_its_marker_s_heartbeat_until_it_ends(tmp_path):
