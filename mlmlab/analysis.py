@@ -326,6 +326,7 @@ def compare(df: pd.DataFrame, by: str, baseline, metric: str = DEFAULT_METRIC, p
     by, metric, pair_on = _columns(df, by)[0], _columns(df, metric)[0], _columns(df, pair_on)[0]
     if baseline not in set(df[by]):
         raise ValueError(f"baseline {by}={baseline!r} is not among the runs; present: {sorted(set(df[by]), key=str)}")
+    _one_run_per_pair(df, by, metric, pair_on)
     wide = df.pivot_table(index=pair_on, columns=by, values=metric, aggfunc="mean")
     if baseline not in wide.columns:  # pivot_table drops a column with no values: say which, not a KeyError
         raise ValueError(f"baseline {by}={baseline!r} has no value of {metric} (older records may lack it); "
@@ -344,6 +345,27 @@ def compare(df: pd.DataFrame, by: str, baseline, metric: str = DEFAULT_METRIC, p
                      "p_value": p})
     cols = [by, "n", "mean", "baseline", "diff", "diff_std", "diff_ci95", "p_value"]
     return pd.DataFrame(rows, columns=cols).set_index(by)  # empty (with these columns) if only the baseline ran
+
+
+def _one_run_per_pair(df: pd.DataFrame, by: str, metric: str, pair_on: str) -> None:
+    """A ValueError when two runs with a value of ``metric`` share an arm and a seed: averaging them would hide that
+    they differ (``mask.sampler.mix`` 0.5 and 1.0 under one sampler class), or count a rerun twice. It names the runs
+    and the config keys they differ in. Records without the metric (a job's re-score or fine-tuning beside it) pass."""
+    scored = df[df[metric].notna()]
+    cells = scored.groupby([pair_on, by]).size()
+    if not (cells > 1).any():
+        return
+    seed, value = (v.item() if hasattr(v, "item") else v for v in cells[cells > 1].index[0])  # numpy -> Python
+    same = scored[(scored[pair_on] == seed) & (scored[by] == value)]
+    skip = {"run_dir", "status", "overrides", "error", "wandb.name", "wandb.id"}
+    differ = [c for c in same.columns if "/" not in c and c not in skip and not c.startswith(("timings.", "paths."))
+              and same[c].astype(str).nunique() > 1]  # not where each run wrote
+    runs = ", ".join(map(str, same.get("run_dir", same.index)))
+    why = (f"they differ in {', '.join(f'{c} ({sorted(set(map(str, same[c])))})' for c in differ[:4])}"
+           if differ else "their configs are the same (a rerun in another dir?)")
+    raise ValueError(f"{by}={value!r}, {pair_on}={seed}: {len(same)} runs have a value of {metric} ({runs}); {why}. "
+                     "Keep one per arm and seed (where=<key>=<value>, or select() in Python), or compare by the key "
+                     "that tells them apart")
 
 
 def label_budget_curve(df: pd.DataFrame, task: str, metric: str = "acc", by: str | None = None,

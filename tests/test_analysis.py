@@ -47,6 +47,16 @@ def test_compare_pairs_by_seed_with_a_paired_t_test():
         A.compare(older, by="mask.rate", baseline=0.15, metric="x")
     with pytest.raises(KeyError, match="no column"):
         A.aggregate(df, by="mask.rat")
+    # two runs in one arm and seed (a domain sampler at mix 0.5 and 1.0 under one class): named, never averaged
+    mixed = pd.concat([df.assign(run_dir=[f"r{i}" for i in range(6)]),
+                       frame({0.4: [0.9]}).assign(**{"mask.sampler.mix": 0.5, "run_dir": "r6"})])
+    mixed.loc[mixed["run_dir"] == "r3", "mask.sampler.mix"] = 1.0
+    with pytest.raises(ValueError, match=r"mask.rate=0.4, seed=0: 2 runs have a value of downstream/score \(r3, r6\); "
+                                         r"they differ in mask.sampler.mix \(\['0.5', '1.0'\]\)"):
+        A.compare(mixed, by="mask.rate", baseline=0.15)
+    assert A.compare(mixed, by="mask.sampler.mix", baseline=1.0).loc[0.5, "n"] == 1  # told apart by the key
+    # a record of the same run without the metric (its fine-tuning) still pairs
+    assert A.compare(pd.concat([df, frame({0.4: [float("nan")]})]), by="mask.rate", baseline=0.15).loc[0.4, "n"] == 3
 
 
 def test_a_difference_of_two_metrics_compares_as_a_difference_in_differences(capsys):
