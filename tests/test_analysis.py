@@ -302,7 +302,9 @@ def test_replacement_notebook_reads_every_domain_committed(monkeypatch):
     real_en_rates' 40% jobs as its 80/10/10 arm and its 15% jobs left out), compared within each domain; general text's
     80/10/10 records (older) lack the per-kind losses, which are left out of its comparisons instead of failing."""
     text = _default_notebook_text("02_replacement.ipynb", monkeypatch)
-    assert "== finance (18 pretraining runs)" in text and "== general text (12 pretraining runs)" in text
+    assert "== finance (21 pretraining runs)" in text and "== general text (12 pretraining runs)" in text
+    # the domain sampler at mix 0.5 (its own folders) is an arm of its own, not merged into mix 1.0
+    assert "finance: 0.8/0.1/0.1, domain (mix 0.5) vs baseline on downstream/financial_phrasebank@250/acc: -0.1 ± 0.5" in text
     assert "general text: 0.8/0.2/0, uniform vs baseline on downstream/sst2/acc: -6.5 ± 3.4 points" in text
     assert "finance: 0.8/0.2/0, uniform vs baseline on downstream/financial_phrasebank@250/acc: -1.9" in text
     assert "== medical (18 pretraining runs)" in text  # its jobs and their 250-label fine-tunings merged per run
