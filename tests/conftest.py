@@ -56,6 +56,15 @@ def make_cfg(overrides: list[str], output_dir: Path, cache: Path):
 
 
 @pytest.fixture
+def bf16_host(monkeypatch):
+    """The host counts as having native CPU bf16, for tests about a preset or a setting rather than the host (CI may
+    run on a CPU without it; the host check itself: test_budget_recipe)."""
+    import mlmlab.hardware as hw
+
+    monkeypatch.setattr(hw, "cpu_bf16_supported", lambda: True)
+
+
+@pytest.fixture
 def cfg_factory(tmp_path, cache_dir):
     def factory(*overrides: str, output_dir: Path | None = None):
         return make_cfg([*FAST, *overrides], output_dir or tmp_path / "run", cache_dir)

@@ -123,24 +123,17 @@ def test_every_adamw_implementation_gives_the_same_update():
     (["trainer.precision=8-mixed"], "trainer.precision='8-mixed'.*allowed: 32-true, bf16-mixed"),
     (["optim.impl=fused", "trainer.precision=bf16-mixed"], "optim.impl=fused cannot be combined with trainer.precision"),
 ])
-def test_bad_speed_settings_fail_early(cfg_factory, overrides, message, monkeypatch):
-    import mlmlab.hardware as hw
-
-    monkeypatch.setattr(hw, "cpu_bf16_supported", lambda: True)  # these errors hold on any host; the host's own bf16
-    with pytest.raises(ConfigError, match=message):                 # check: test_budget_recipe
+def test_bad_speed_settings_fail_early(cfg_factory, overrides, message, bf16_host):
+    with pytest.raises(ConfigError, match=message):
         validate(cfg_factory(*overrides))
 
 
 @pytest.mark.slow
-def test_compiled_bf16_training_runs_and_checkpoints_plain_keys(cfg_factory, tmp_path, monkeypatch):
+def test_compiled_bf16_training_runs_and_checkpoints_plain_keys(cfg_factory, tmp_path, bf16_host):
     """``trainer.compile=true`` compiles the encoder in place (the checkpoint keeps the plain keys that fine-tuning
     and export read), together with CPU bf16 autocast, the foreach AdamW and gradient checkpointing. On a CPU without
     native bf16 the run is allowed here (emulated: slower, the same code path), so the test runs on every host."""
     from torch._dynamo.utils import counters
-
-    import mlmlab.hardware as hw
-
-    monkeypatch.setattr(hw, "cpu_bf16_supported", lambda: True)
 
     counters.clear()
     out = tmp_path / "c"

@@ -23,12 +23,8 @@ def all_options():
 
 
 @pytest.mark.parametrize("option", list(all_options()))
-def test_every_yaml_composes_and_validates(option, cfg_factory, tmp_path, monkeypatch):
-    import mlmlab.hardware as hw
-
-    # the GPU presets ask for bf16-mixed; on a host without CUDA that is checked against the CPU's bf16, which is the
-    # host's property, not the preset's (that check: test_budget_recipe)
-    monkeypatch.setattr(hw, "cpu_bf16_supported", lambda: True)
+def test_every_yaml_composes_and_validates(option, cfg_factory, tmp_path, bf16_host):
+    # bf16_host: the GPU presets ask for bf16-mixed, checked on a host without CUDA against the CPU's own bf16
     extra = []
     if option == "data=text_files":
         f = tmp_path / "c.txt"
