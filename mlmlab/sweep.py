@@ -38,21 +38,24 @@ def summarize_sweep(sweep_dir: Path) -> dict | None:
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         return None
-    jobs = []
+    jobs, warnings = [], []
     now = _fs_now(sweep_dir)  # the shared filesystem's clock: other hosts' heartbeats are its mtimes
     for job in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
         entry = _job_state(job, now)
         if entry is None:
             continue
         ranks = _rank_failures(job)  # DDP: a rank > 0 that failed, beside rank 0's outcome (or its killed marker)
-        if ranks and entry["status"] not in ("ok", "running"):
+        if ranks and entry["status"] == "ok":  # rank 0's record holds the metrics: ok, with the ranks as a warning
+            warnings.append({"dir": job.name, "error": "; ".join(ranks)})
+        elif ranks and entry["status"] != "running":
             entry["error"] = "; ".join([entry["error"]] + ranks if entry["error"] else ranks)
         jobs.append({"dir": job.name, **entry})
     if not jobs:
         return None
     running = [j for j in jobs if j["status"] == "running"]
     bad = [j for j in jobs if j["status"] not in ("ok", "running")]
-    summary = {"jobs": len(jobs), "ok": len(jobs) - len(bad) - len(running), "failed": bad, "running": running}
+    summary = {"jobs": len(jobs), "ok": len(jobs) - len(bad) - len(running), "failed": bad, "running": running,
+               "warnings": warnings}
     tmp = sweep_dir / ".summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2))
     os.replace(tmp, sweep_dir / "summary.json")
@@ -60,8 +63,9 @@ def summarize_sweep(sweep_dir: Path) -> dict | None:
     lines = [f"multirun summary: {summary['ok']} of {len(jobs)} jobs ok, {len(bad)} failed{still} ({sweep_dir})"]
     lines += [f"  FAILED {j['dir']}: {j['status']}: {(j['error'] or '')[:300]}" for j in bad]
     lines += [f"  RUNNING {j['dir']}: {j['error']}" for j in running]
+    lines += [f"  WARNING {w['dir']}: ok on rank 0, but {w['error'][:300]}" for w in warnings]
     msg = "\n".join(lines)
-    log.warning(msg) if bad else log.info(msg)
+    log.warning(msg) if bad or warnings else log.info(msg)
     if not _logs_to_console(log):  # at interpreter exit the logging handlers may be gone: then print it, once
         print(msg, flush=True)
     return summary

@@ -278,6 +278,14 @@ def test_sweep_summary_tells_a_running_job_from_a_killed_one(tmp_path):
     (ddp / "results.rank1.json").write_text(json.dumps({"status": "failed"}))
     e = {j["dir"]: j["error"] for j in summarize_sweep(sweep)["failed"]}["9_ddp"]
     assert e.endswith("; rank 1 failed")
+    # rank 0 ended ok while rank 1 failed: the job counts as ok (rank 0's record holds the metrics), the rank is a warning
+    (ddp / ".running.json").unlink()
+    (ddp / "results.json").write_text(json.dumps({"status": "ok", "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
+    os.utime(ddp / "results.rank1.json", None)
+    s = summarize_sweep(sweep)
+    assert "9_ddp" not in {j["dir"] for j in s["failed"]}
+    assert s["warnings"] == [{"dir": "9_ddp", "error": "rank 1 failed"}]
+    assert json.loads((sweep / "summary.json").read_text())["warnings"][0]["dir"] == "9_ddp"
 
 
 def test_a_running_job_keeps_its_marker_s_heartbeat_until_it_ends(tmp_path):
