@@ -188,7 +188,7 @@ class OptimConfig:
     warmup_frac: float | None = None
     schedule: str = "linear"  # decay after warmup: linear | cosine | constant
     min_lr_ratio: float = 0.0
-    impl: str = "auto"  # torch.optim.AdamW's implementation: auto (torch's choice) | for_loop | foreach | fused
+    impl: str = "auto"  # torch.optim.AdamW's implementation: auto (= foreach on every device) | for_loop | foreach | fused
 
 
 @dataclass
