@@ -307,7 +307,8 @@ def test_replacement_notebook_reads_every_domain_committed(monkeypatch):
     assert "finance: 0.8/0.1/0.1, domain (mix 0.5) vs baseline on downstream/financial_phrasebank@250/acc: -0.1 ± 0.5" in text
     assert "general text: 0.8/0.2/0, uniform vs baseline on downstream/sst2/acc: -6.5 ± 3.4 points" in text
     assert "finance: 0.8/0.2/0, uniform vs baseline on downstream/financial_phrasebank@250/acc: -1.9" in text
-    assert "== medical (18 pretraining runs)" in text  # its jobs and their 250-label fine-tunings merged per run
+    assert "== medical (21 pretraining runs)" in text  # its jobs and their 250-label fine-tunings merged per run
+    assert "medical: 0.8/0.1/0.1, domain (mix 0.5) vs baseline on downstream/medical@250/acc: -0.1 ± 2.3 points" in text
     assert "medical: 0.8/0.1/0.1, domain vs baseline on downstream/medical@250/acc: -1.5 ± 8.5 points" in text
     assert "medical: 1/0/0, uniform vs baseline on downstream/medical@250/acc: -3.8 ± 8.2 points" in text
     assert "medical: 0.8/0/0.2, uniform vs baseline on downstream/medical@250/acc: -3.1 ± 6.9 points" in text
