@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import sys
 import warnings
 from collections.abc import Iterable, Sequence
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from mlmlab import stats
 from mlmlab.cli import Opt
 from mlmlab.cli import run as cli_run
 
@@ -293,12 +293,9 @@ def _add_difference_column(df: pd.DataFrame, name: str) -> None:
 
 
 def t_ci(std: float, n: int, level: float = 0.95) -> float:
-    """Half-width of the t-distribution confidence interval of a mean of ``n`` values (nan below 2)."""
-    from scipy import stats
-
-    if n < 2 or not math.isfinite(std):
-        return float("nan")
-    return float(stats.t.ppf(0.5 + level / 2, n - 1) * std / math.sqrt(n))
+    """Half-width of the t-distribution confidence interval of a mean of ``n`` values (nan below 2;
+    :func:`mlmlab.stats.t_half_width`)."""
+    return stats.t_half_width(std, n, level)
 
 
 def aggregate(df: pd.DataFrame, by: str | Sequence[str], metric: str | Sequence[str] = DEFAULT_METRIC,
@@ -320,9 +317,9 @@ def aggregate(df: pd.DataFrame, by: str | Sequence[str], metric: str | Sequence[
 def compare(df: pd.DataFrame, by: str, baseline, metric: str = DEFAULT_METRIC, pair_on: str = "seed",
             level: float = 0.95) -> pd.DataFrame:
     """Each value of ``by`` against ``baseline``, paired on ``pair_on`` (the pretraining seed: the same seed sees the
-    same data order): mean difference, its std, n pairs, t CI, and the two-sided paired t-test p-value."""
-    from scipy import stats
-
+    same data order): mean difference, its std, n pairs, t CI, the two-sided paired t-test p-value (raw: for a
+    family's adjusted p and the verdict, :func:`mlmlab.verdicts.question_table`) and the minimal detectable
+    difference at 80% power (exact noncentral t, :func:`mlmlab.stats.mdd`)."""
     by, metric, pair_on = _columns(df, by)[0], _columns(df, metric)[0], _columns(df, pair_on)[0]
     if baseline not in set(df[by]):
         raise ValueError(f"baseline {by}={baseline!r} is not among the runs; present: {sorted(set(df[by]), key=str)}")
@@ -336,25 +333,47 @@ def compare(df: pd.DataFrame, by: str, baseline, metric: str = DEFAULT_METRIC, p
         if value == baseline:
             continue
         pair = wide[[baseline, value]].dropna()
-        d = pair[value] - pair[baseline]
-        n = len(d)
-        sd = float(d.std(ddof=1)) if n > 1 else float("nan")
-        p = float(stats.ttest_rel(pair[value], pair[baseline]).pvalue) if n > 1 and sd > 0 else float("nan")
-        rows.append({by: value, "n": n, "mean": float(pair[value].mean()), "baseline": float(pair[baseline].mean()),
-                     "diff": float(d.mean()) if n else float("nan"), "diff_std": sd, "diff_ci95": t_ci(sd, n, level),
-                     "p_value": p})
-    cols = [by, "n", "mean", "baseline", "diff", "diff_std", "diff_ci95", "p_value"]
+        iv = stats.paired_t(pair[value].to_numpy(), pair[baseline].to_numpy(), level)
+        sd = iv.sd if iv.n > 1 else float("nan")
+        rows.append({by: value, "n": iv.n, "mean": float(pair[value].mean()), "baseline": float(pair[baseline].mean()),
+                     "diff": iv.mean, "diff_std": sd, "diff_ci95": iv.half, "p_value": iv.p,
+                     "mdd": stats.mdd(sd, iv.n)})
+    cols = [by, "n", "mean", "baseline", "diff", "diff_std", "diff_ci95", "p_value", "mdd"]
     return pd.DataFrame(rows, columns=cols).set_index(by)  # empty (with these columns) if only the baseline ran
+
+
+def question(df: pd.DataFrame, by: str, baseline, metrics: str | Sequence[str], declared=None, pair_on: str = "seed",
+             names: dict | None = None) -> pd.DataFrame:
+    """Every arm of ``by`` against ``baseline`` on every metric, paired on the pretraining seed, with the declared
+    question's family-adjusted p-values and verdicts (:func:`mlmlab.verdicts.question_table`; ``declared``: a
+    :class:`mlmlab.stats.Question`, default :func:`declared_question` of the runs)."""
+    from mlmlab.verdicts import question_table
+
+    by, pair_on = _columns(df, by)[0], _columns(df, pair_on)[0]
+    metrics = _columns(df, metrics)
+    for m in metrics:
+        _one_run_per_pair(df, by, m, pair_on)
+    return question_table(df, by, baseline, metrics, declared or declared_question(df), pair_on, names)
+
+
+def plan(df: pd.DataFrame, by: str, baseline, metric: str, effect: float, pair_on: str = "seed",
+         power: float = 0.8) -> pd.DataFrame:
+    """The pretraining seeds a question needs, from a pilot sweep (:func:`mlmlab.verdicts.plan_table`)."""
+    from mlmlab.verdicts import plan_table
+
+    by, metric, pair_on = _columns(df, by)[0], _columns(df, metric)[0], _columns(df, pair_on)[0]
+    _one_run_per_pair(df, by, metric, pair_on)
+    return plan_table(df, by, baseline, metric, effect, pair_on, power)
 
 
 def _one_run_per_pair(df: pd.DataFrame, by: str, metric: str, pair_on: str) -> None:
     """A ValueError when two runs with a value of ``metric`` share an arm and a seed: averaging them would hide that
     they differ (``mask.sampler.mix`` 0.5 and 1.0 under one sampler class), or count a rerun twice. It names the runs
     and the config keys they differ in. Records without the metric (a job's re-score or fine-tuning beside it) pass."""
-    scored = df[df[metric].notna()]
-    cells = scored.groupby([pair_on, by]).size()
+    cells = df.loc[df[metric].notna(), [pair_on, by]].groupby([pair_on, by]).size()
     if not (cells > 1).any():
         return
+    scored = df[df[metric].notna()]
     seed, value = (v.item() if hasattr(v, "item") else v for v in cells[cells > 1].index[0])  # numpy -> Python
     same = scored[(scored[pair_on] == seed) & (scored[by] == value)]
     skip = {"run_dir", "status", "overrides", "error", "wandb.name", "wandb.id"}
@@ -435,16 +454,18 @@ def _correct(p: dict) -> dict[str, list[list[float]]]:
     return out
 
 
-def compare_items(a: dict, b: dict, level: float = 0.95, n_resamples: int = 10000) -> pd.DataFrame:
+def compare_items(a: dict, b: dict, level: float = 0.95, n_resamples: int = 10000,
+                  clusters: dict[str, list] | None = None) -> pd.DataFrame:
     """Two prediction sets (``load_predictions``) on the same items, per task and protocol: accuracy of each, the
-    difference with a paired bootstrap CI over items (scipy.stats.bootstrap; items resampled, fine-tuning seeds
-    averaged per item), the exact McNemar p (mlmlab.zeroshot.mcnemar; per fine-tuning seed, paired by seed), and the
-    minimal detectable difference at this many items (80% power, two-sided 5%: 2.80 x the std of the per-item
-    difference / sqrt(n)). Ties (zero-shot) are dropped from both sides."""
+    difference with a paired percentile bootstrap CI over items (:func:`mlmlab.stats.bootstrap`, ``levels=("item",)``;
+    fine-tuning seeds averaged per item; items resampled in ``clusters`` where given: ``{task: [label per item]}``,
+    BLiMP by paradigm), the exact McNemar p (per fine-tuning seed, paired by seed), and the minimal detectable
+    difference at this many items (80% power, exact noncentral t). **Conditional on the encoders that were trained**:
+    it ignores the pretraining seed, so it never decides a verdict (:mod:`mlmlab.verdicts` does, over seeds). Ties
+    (zero-shot) are dropped from both sides."""
     import numpy as np
-    from scipy.stats import bootstrap
 
-    from mlmlab.zeroshot import mcnemar
+    from mlmlab.stats import bootstrap, mcnemar, mdd
 
     rows = []
     for task in sorted(set(a) & set(b)):
@@ -463,14 +484,15 @@ def compare_items(a: dict, b: dict, level: float = 0.95, n_resamples: int = 1000
             xa = np.array([[r[i] for i in keep] for r in ra]).mean(0)
             xb = np.array([[r[i] for i in keep] for r in rb]).mean(0)
             d = xa - xb
-            ci = bootstrap((d,), np.mean, n_resamples=n_resamples, confidence_level=level, method="percentile",
-                           random_state=np.random.default_rng(0)).confidence_interval
+            groups = (clusters or {}).get(task)
+            lo, hi = bootstrap(d[None, None, :], [groups[i] for i in keep] if groups else None, ("item",), level,
+                               n_resamples)
             tests = [mcnemar([r[i] for i in keep], [q[i] for i in keep]) for r, q in zip(ra, rb)]
             rows.append({"task": task, "protocol": proto, "n_items": len(keep), "runs_paired": len(ra),
                          "a": float(xa.mean()), "b": float(xb.mean()), "diff": float(d.mean()),
-                         "ci_low": float(ci.low), "ci_high": float(ci.high),
+                         "ci_low": lo, "ci_high": hi,
                          "mcnemar_p": ", ".join(f"{t['p']:.3g}" for t in tests),
-                         "mdd": float(2.80 * d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")})
+                         "mdd": mdd(float(d.std(ddof=1)), len(d)) if len(d) > 1 else float("nan")})
     if not rows:
         raise NoRunsError("the two prediction sets share no task with per-item outcomes")
     return pd.DataFrame(rows).set_index(["task", "protocol"])
@@ -643,15 +665,69 @@ OPTIONS = {
                 "without commas)", many=True),
     "where": Opt("keep the runs whose config matches, e.g. where=mask.rate=0.4 or where=[mask.rate=0.4,seed=0]",
                  many=True),
+    "primary": Opt("the question's primary metric (default: the runs' declared analysis.primary, from their sweep file)"),
+    "family": Opt("metrics adjusted with the primary (Holm; default: the runs' analysis.family; with no primary "
+                  "declared, every metric asked is one family)", many=True),
+    "delta": Opt("equivalence margin on the primary metric (default: the runs' analysis.delta)", type=float),
     "items_vs": Opt("RUN[:random_init]: compare the per-item predictions of the run source (or source:random_init) "
                     "with this one: paired bootstrap CI, McNemar, minimal detectable difference"),
 }
 PROG = "python -m mlmlab.analysis"
 
 
+PLAN_OPTIONS = {
+    "source": Opt("the pilot sweep: a job/sweep dir (also the first bare argument after plan)", required=True),
+    "by": Opt("the config column of the arms, e.g. by=mask.rate", required=True),
+    "baseline": Opt("the baseline arm's value of by", required=True),
+    "effect": Opt("the true difference to detect, in the metric's units (0.01 = 1 point of accuracy)", required=True,
+                  type=float),
+    "metric": Opt("the metric (default: the runs' analysis.primary, else downstream/score)"),
+    "power": Opt("the power to reach", default=0.8, type=float),
+    "pair_on": Opt("the column that pairs runs", default="seed"),
+    "also": Opt("further sources whose runs join the pilot", many=True),
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Aggregate a sweep's runs over seeds (``key=value`` arguments, :mod:`mlmlab.cli`; ``help`` lists them)."""
+    """Aggregate a sweep's runs over seeds (``key=value`` arguments, :mod:`mlmlab.cli`; ``help`` lists them);
+    ``plan <pilot> ...``: the pretraining seeds a question needs."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["plan"]:
+        return cli_run(_plan_main, argv[1:], PLAN_OPTIONS, f"{PROG} plan", positional="source")
     return cli_run(_main, argv, OPTIONS, PROG, positional="source")
+
+
+def declared_question(df: pd.DataFrame, primary=None, family=None, delta=None):
+    """The question the runs' sweep declared (``analysis.*`` in their config), overridden by what is given."""
+    from mlmlab.stats import Question
+
+    def one(key):
+        col = f"analysis.{key}"
+        vals = df[col].dropna().map(lambda v: tuple(v) if isinstance(v, (list, tuple)) else v).unique() \
+            if col in df.columns else []
+        if len(vals) > 1:
+            raise ValueError(f"the runs declare different {col}: {sorted(map(str, vals))}; select one sweep")
+        return vals[0] if len(vals) else None
+
+    fam = family if family is not None else list(one("family") or [])
+    return Question(primary=primary or one("primary"), family=fam,
+                    delta=delta if delta is not None else one("delta"))
+
+
+def _plan_main(a) -> int:
+    try:
+        df = load_runs([a.source, *(a.also or [])])
+        metric = a.metric or declared_question(df).primary or DEFAULT_METRIC
+        table = plan(df, a.by, _cli_value(a.baseline, df[_columns(df, a.by)[0]]), metric, a.effect, a.pair_on,
+                     a.power)
+    except (NoRunsError, KeyError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):
+        print(f"plan from the pilot {a.source}: {metric}, {a.by} against {a.baseline}, a true difference of "
+              f"{a.effect:g} at {a.power:.0%} power (two-sided paired t over pretraining seeds, alpha 0.05)")
+        print(table.T.to_string())
+    return 0
 
 
 def _main(a) -> int:
@@ -679,7 +755,9 @@ def _main(a) -> int:
         comparison = None
         if a.baseline is not None:
             base = _cli_value(a.baseline, df[a.by[0]])
-            comparison = compare(df, a.by[0], base, a.metric[0], pair_on=a.pair_on)
+            declared = declared_question(df, a.primary, a.family, a.delta)
+            metrics = list(dict.fromkeys([*a.metric, *declared.metrics_family(a.metric)]))
+            comparison = question(df, a.by[0], base, metrics, declared, pair_on=a.pair_on)
     except (NoRunsError, KeyError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -689,12 +767,15 @@ def _main(a) -> int:
         print(f"{len(df)} runs from {df.attrs.get('source', a.source)}" + (f" ({', '.join(left_out)}, left out)" if left_out else ""))
         print(table.to_string())
         if comparison is not None:
-            print(f"\npaired on {a.pair_on}, against {a.by[0]}={a.baseline}:")
-            print(comparison.to_string())
+            print(f"\nagainst {a.by[0]}={a.baseline}, paired on {a.pair_on} (the pretraining seed: the unit); "
+                  "interval: t over seeds; p_holm: Holm within the family; mdd: 80% power, [range of the sd's 95% CI]")
+            for metric, part in comparison.groupby("metric", sort=False):
+                print(f"\n{metric} ({part['role'].iloc[0]})")
+                print(_printable(part).to_string())
     if a.csv:
         table.to_csv(a.csv)
         if comparison is not None:
-            comparison.to_csv(Path(a.csv).with_suffix(".compare.csv"))
+            _printable(comparison, keep_metric=True).to_csv(Path(a.csv).with_suffix(".compare.csv"))
     if a.png:
         import matplotlib
 
@@ -703,6 +784,18 @@ def _main(a) -> int:
         ax.figure.tight_layout()
         ax.figure.savefig(a.png, dpi=120)
     return 0
+
+
+def _printable(t: pd.DataFrame, keep_metric: bool = False) -> pd.DataFrame:
+    """A question table as printed: intervals as numbers, no objects."""
+    out = t.copy()
+    for side in ("baseline_gain", "arm_gain"):
+        out[side] = [f"{g.mean:+.4f} [{g.low:+.4f}, {g.high:+.4f}]" if g is not None and g.n > 1 else "-"
+                     for g in out[side]]
+    cols = ["metric", "arm", "n", "baseline_mean", "arm_mean", "diff", "low", "high", "p", "p_holm", "mdd",
+            "mdd_low", "mdd_high", "seeds_80", "baseline_gain", "arm_gain", "verdict"]
+    out = out[[c for c in cols if keep_metric or c != "metric"]]
+    return out.set_index("arm")
 
 
 def _load_selected(a) -> pd.DataFrame:

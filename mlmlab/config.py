@@ -19,6 +19,7 @@ from mlmlab.errors import ConfigError  # noqa: F401  (re-exported: mlmlab.config
 from mlmlab.masking.masker import COUNT_RULES  # the allowed values are the components' own, defined once
 from mlmlab.masking.masker import UNITS as MASK_UNITS
 from mlmlab.models.electra import SAMPLINGS
+from mlmlab.stats import Question  # analysis.*: the question a sweep declares (its owner: mlmlab.stats)
 
 DATA_NAMES = ("builtin", "text_files", "hub", "imdb", "wikitext2", "wikitext103", "zh", "finance", "medical",
               "finance_mix", "medical_mix")  # all but builtin: text files (one source or a data.mix) or a hub data set
@@ -333,6 +334,7 @@ class TrainConfig:
     downstream: DownstreamConfig = field(default_factory=DownstreamConfig)
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
+    analysis: Question = field(default_factory=Question)  # what a sweep asks: primary metric, family, margin, rule
 
 
 @dataclass
@@ -579,6 +581,16 @@ OPTIM_IMPLS = ("auto", "for_loop", "foreach", "fused")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "32", "16", "bf16", "64", "auto")
 
 
+def validate_analysis(a) -> None:
+    """``analysis.*``: the schema's own rules (:class:`mlmlab.stats.Question`), as a one-line ConfigError."""
+    if a is None:
+        return
+    try:
+        OmegaConf.to_object(a) if isinstance(a, DictConfig) else Question(**a)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def validate(cfg: DictConfig) -> None:
     """Reject bad values with a :class:`ConfigError` naming the key and the allowed values. Does no data work."""
     from mlmlab.data.tokenizer import SPECIAL_TOKENS, WORD_SEGMENTERS  # local: keeps config importable without data
@@ -588,6 +600,7 @@ def validate(cfg: DictConfig) -> None:
            f"seed={cfg.seed} must be an integer in [0, 2**32 - 1] (numpy's and torch's seed range)")
     validate_objective(cfg.objective, cfg.model)
     validate_mask(cfg.mask)
+    validate_analysis(cfg.get("analysis"))
     sampler = cfg.mask.sampler
     for key in ("word_list", "corpus"):  # the domain sampler's files: found now, not after tokenizing the corpus
         if isinstance(sampler, DictConfig) and sampler.get(key) is not None:

@@ -151,15 +151,16 @@ def entity_f1(true_tags: list[list[str]], pred_tags: list[list[str]]) -> dict[st
             "recall": float(recall_score(true_tags, pred_tags, **kw))}
 
 
-def mean_ci95(values: list[float]) -> tuple[float, float, float | None]:
-    """Mean, sample std (0 for one value) and the half-width of the t-distribution 95% interval (None for one)."""
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, 0.0, None
-    from scipy.stats import t
+PROTOCOL_VERSION = 1  # bump when a change to the fine-tuning code changes its numbers: it keys the random-init cache
 
-    std = statistics.stdev(values)
-    return mean, std, float(t.ppf(0.975, len(values) - 1) * std / math.sqrt(len(values)))
+
+def mean_ci95(values: list[float]) -> tuple[float, float, float | None]:
+    """Mean, sample std (0 for one value) and the half-width of the t-distribution 95% interval (None for one)
+    (:func:`mlmlab.stats.mean_interval`)."""
+    from mlmlab.stats import mean_interval
+
+    iv = mean_interval(values)
+    return iv.mean, iv.sd, (iv.half if iv.n > 1 else None)
 
 
 # ----------------------------------------------------------------------------------------------------- evaluation
@@ -719,7 +720,7 @@ def paired_gain(metrics: dict[str, float], baseline: dict[str, float], mains: di
     """Pretrained minus baseline, paired by fine-tuning seed, for each task's primary metric: ``gain/<task>/<metric>``
     (mean difference), ``_std``, ``_ci95`` (t interval of the mean difference; it excludes 0 when the gain is
     significant at 5%), ``_p`` (two-sided paired t-test, scipy) and ``gain/<task>/seed_<s>/<metric>``."""
-    from scipy.stats import ttest_rel
+    from mlmlab.stats import paired_t
 
     out: dict[str, float] = {}
     for task, m in mains.items():
@@ -728,13 +729,13 @@ def paired_gain(metrics: dict[str, float], baseline: dict[str, float], mains: di
         a = [metrics[f"downstream/{task}/seed_{s}/{m}"] for s in seeds]
         b = [baseline[f"downstream/{task}/seed_{s}/{m}"] for s in seeds]
         diffs = [x - y for x, y in zip(a, b)]
-        mean, std, ci = mean_ci95(diffs)
+        iv = paired_t(a, b)
         key = f"gain/{task}/{m}"
-        out[key], out[f"{key}_std"] = mean, std
-        if ci is not None:
-            out[f"{key}_ci95"] = ci
-            if std > 0:
-                out[f"{key}_p"] = float(ttest_rel(a, b).pvalue)
+        out[key], out[f"{key}_std"] = iv.mean, iv.sd
+        if iv.n > 1:
+            out[f"{key}_ci95"] = iv.half
+            if iv.sd > 0:
+                out[f"{key}_p"] = iv.p
         for s, d in zip(seeds, diffs):
             out[f"gain/{task}/seed_{s}/{m}"] = d
     return out

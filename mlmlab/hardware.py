@@ -25,6 +25,24 @@ def cpu_bf16_supported() -> bool:
     return any(f in flags for f in BF16_CPU_FLAGS)
 
 
+@functools.cache
+def cpu_kind() -> str:
+    """The CPU's kind as it bears on numerics: vendor, model name and the vector / bf16 instruction sets (fp32 kernels
+    and their rounding differ between an avx2-only EPYC, an avx512 EPYC and an AMX Xeon). Keys caches of results that
+    are compared across machines (the random-init rows)."""
+    import platform
+
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return f"{platform.system()}-{platform.machine()}-{platform.processor()}"
+    field = lambda name: next((line.split(":", 1)[1].strip() for line in text.splitlines()  # noqa: E731
+                               if line.startswith(name)), "")
+    flags = set(field("flags").split())
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
+    return f"{field('vendor_id')} | {field('model name')} | {' '.join(isa)}"
+
+
 def on_cpu(accelerator: str) -> bool:
     if accelerator == "cpu":
         return True

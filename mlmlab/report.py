@@ -67,25 +67,22 @@ def _seeds(record: dict, prefix: str, task: str, metric: str) -> dict[str, float
 
 
 def _mean_ci(values: Sequence[float]) -> tuple[float, float, float]:
-    from mlmlab.analysis import t_ci
+    from mlmlab.stats import mean_interval
 
-    n = len(values)
-    mean = sum(values) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else float("nan")
-    return mean, std, t_ci(std, n)
+    iv = mean_interval(values)
+    return iv.mean, (iv.sd if iv.n > 1 else float("nan")), iv.half
 
 
 def _paired(a: dict[str, float], b: dict[str, float]) -> tuple[float, float, float, int]:
-    """Mean of a - b over the seeds both have, its t CI half-width, the paired t-test p-value, n."""
-    from scipy import stats
+    """Mean of a - b over the fine-tuning seeds both have, its t CI half-width, the paired t-test p-value, n.
+    Conditional on the one pretraining run: it describes that encoder, it decides nothing."""
+    from mlmlab.stats import paired_t
 
     common = sorted(set(a) & set(b))
     if len(common) < 2:
         raise ReportError(f"fewer than 2 shared fine-tuning seeds to pair ({common})")
-    d = [a[s] - b[s] for s in common]
-    mean, _, ci = _mean_ci(d)
-    p = float(stats.ttest_rel([a[s] for s in common], [b[s] for s in common]).pvalue)
-    return mean, ci, p, len(common)
+    iv = paired_t([a[s] for s in common], [b[s] for s in common])
+    return iv.mean, iv.half, iv.p, iv.n
 
 
 def _fmt(v, fmt: str) -> str:
@@ -151,53 +148,112 @@ def _cell(kind: str, col: dict, row: dict, rec: dict, other: dict) -> str:
     raise ReportError(f"column kind {kind!r} is not known; allowed: label, key, steps_tokens, ci, gain, p")
 
 
-def _compare_table(spec: dict, base: Path) -> str:
-    """A sweep's arms against its baseline arm, one row per (arm, metric): baseline and arm means over pretraining
-    seeds, the paired difference with its 95% t CI, p (paired t-test), n pairs, and the minimal detectable difference
-    at 80% power (two-sided 5% paired t-test with this n and the observed std of the differences). ``source`` may list
-    several folders (two sweeps compared); ``where`` keeps the runs that match all its keys, ``exclude`` entries leave
-    out the runs that match all theirs (:func:`mlmlab.analysis.select`); ``names`` maps arm values to what the table
-    prints (a sampler's class path -> ``uniform``)."""
-    from mlmlab.analysis import _columns, compare, load_runs, select
+_QUESTIONS: dict[str, object] = {}  # one render of the docs: a compare table's question rows, reused by findings
+
+
+def _question_rows(spec: dict, base: Path):
+    """The runs of a compare-like spec and its question table (:func:`mlmlab.verdicts.question_table`), computed once
+    per spec and folder in a process."""
+    key = json.dumps([str(base), spec], sort_keys=True, default=str)
+    if key not in _QUESTIONS:
+        _QUESTIONS[key] = _question_rows_uncached(spec, base)
+    return _QUESTIONS[key].copy()
+
+
+def _question_rows_uncached(spec: dict, base: Path):
+    from mlmlab.analysis import _columns, load_runs, question, select
+    from mlmlab.stats import Question
 
     sources = spec["source"] if isinstance(spec["source"], list) else [spec["source"]]
     df = select(load_runs([base / src for src in sources], source_kind="results"), spec.get("where"),
                 spec.get("exclude") or [])
-    by, baseline = spec["by"], spec["baseline"]
-    names = {str(k): str(v) for k, v in (spec.get("names") or {}).items()}
-    name = lambda v: names.get(str(v), str(v))  # noqa: E731
-    rows = []
-    for m in spec["metrics"]:
-        key, label, scale = m["key"], m.get("label", m["key"]), float(m.get("scale", 1))
+    keys = [m["key"] for m in spec["metrics"]]
+    for key in keys:
         try:  # "a - b": a less b per run (mlmlab.analysis adds the column)
             _columns(df, key)
         except KeyError as e:
             raise ReportError(f"{spec['source']}: no metric {key!r} in its runs ({e})") from None
-        t = compare(df, by, baseline, key)
-        for value, r in t.iterrows():
-            fmt = m.get("fmt", ".3f")
-            diff = f"{scale * r['diff']:+.{_digits(fmt)}f} ± {scale * r['diff_ci95']:.{_digits(fmt)}f}"
-            mdd = _mdd(r["diff_std"], int(r["n"])) * scale
-            rows.append([label, f"{name(baseline)} → {name(value)}", _fmt(scale * r["baseline"], fmt),
-                         _fmt(scale * r["mean"], fmt), diff, _fmt(r["p_value"], "p"), str(int(r["n"])),
-                         _fmt(mdd, f".{_digits(fmt)}f")])
-    return _md(["metric", f"`{by}`", "baseline", "arm", "arm - baseline (95% CI)", "p", "pairs",
-                "min. detectable (80% power)"], rows)
+    q = spec.get("question")
+    declared = Question(**q) if q else Question(primary=keys[0], family=[])  # none declared: all exploratory
+    names = {str(k): str(v) for k, v in (spec.get("names") or {}).items()}
+    t = question(df, spec["by"], spec["baseline"], keys, declared, names=names)
+    if not q:
+        t["role"], t["verdict"], t["p_holm"] = "exploratory", "exploratory", float("nan")
+    return t
+
+
+def _compare_table(spec: dict, base: Path) -> str:
+    """A sweep's arms against its baseline arm, one row per (metric, arm), paired on the pretraining seed (the unit):
+    baseline and arm means over seeds, the difference with its 95% t interval over seeds, raw p (paired t) and, for
+    the metrics of the spec's declared ``question`` (primary + family), the Holm-adjusted p and the verdict by the
+    rules of :func:`mlmlab.stats.verdict` (every other metric: "exploratory"), n pairs, and the minimal detectable
+    difference at 80% power (exact noncentral t) with, in brackets, its range over the 95% interval of the sd it
+    uses. ``source`` may list several folders (two sweeps compared); ``where`` keeps the runs that match all its keys,
+    ``exclude`` entries leave out the runs that match all theirs (:func:`mlmlab.analysis.select`); ``names`` maps arm
+    values to what the table prints (a sampler's class path -> ``uniform``)."""
+    t = _question_rows(spec, base)
+    fmts = {m["key"]: m for m in spec["metrics"]}
+    rows = []
+    for _, r in t.iterrows():
+        m = fmts[r["metric"]]
+        label, scale, fmt = m.get("label", m["key"]), float(m.get("scale", 1)), m.get("fmt", ".3f")
+        dg = _digits(fmt)
+        diff = f"{scale * r['diff']:+.{dg}f} [{scale * r['low']:+.{dg}f}, {scale * r['high']:+.{dg}f}]"
+        mdd = (f"{_fmt(scale * r['mdd'], f'.{dg}f')} [{_fmt(scale * r['mdd_low'], f'.{dg}f')}, "
+               f"{_fmt(scale * r['mdd_high'], f'.{dg}f')}]")
+        rows.append([label, f"{r['baseline']} → {r['arm']}", _fmt(scale * r["baseline_mean"], fmt),
+                     _fmt(scale * r["arm_mean"], fmt), diff, _fmt(r["p"], "p"), _fmt(r["p_holm"], "p"),
+                     str(int(r["n"])), mdd, _say(r, scale)])
+    return _md(["metric", f"`{spec['by']}`", "baseline", "arm", "arm - baseline (95% CI over seeds)", "p",
+                "p (Holm, family)", "seeds", "min. detectable (80% power) [sd range]", "verdict"], rows)
+
+
+def _findings_table(spec: dict, base: Path, tables: dict) -> str:
+    """The README's findings: per question (a ``compare`` table with a declared ``question``), each arm on the
+    primary metric -- the baseline arm's gain over random init over seeds (does pretraining pay there?), the
+    difference with its 95% t interval over seeds, raw / Holm p, seeds, the minimal detectable difference [sd range],
+    the seeds 80% power needs at the margin, and the verdict by the fixed rules."""
+    rows = []
+    for row in spec["rows"]:
+        t_spec = tables.get(row["table"])
+        if t_spec is None or not t_spec.get("question"):
+            raise ReportError(f"findings row {row['question']!r}: table {row['table']!r} is not a compare table "
+                              "with a declared question")
+        t = _question_rows(t_spec, base)
+        primary = t_spec["question"]["primary"]
+        m = next(x for x in t_spec["metrics"] if x["key"] == primary)
+        scale, dg = float(m.get("scale", 1)), _digits(m.get("fmt", ".3f"))
+        for _, r in t[t["metric"] == primary].iterrows():
+            g = r["baseline_gain"]
+            gain = (f"{scale * g.mean:+.{dg}f} [{scale * g.low:+.{dg}f}, {scale * g.high:+.{dg}f}]"
+                    if g is not None and g.n > 1 else "-")
+            rows.append([row["question"], f"`{row['sweep']}`", m.get("label", primary),
+                         f"{r['baseline']}: {gain}", f"{r['arm']} - {r['baseline']}: "
+                         f"{scale * r['diff']:+.{dg}f} [{scale * r['low']:+.{dg}f}, {scale * r['high']:+.{dg}f}]",
+                         f"{_fmt(r['p'], 'p')} / {_fmt(r['p_holm'], 'p')}", str(int(r["n"])),
+                         f"{_fmt(scale * r['mdd'], f'.{dg}f')} [{_fmt(scale * r['mdd_low'], f'.{dg}f')}, "
+                         f"{_fmt(scale * r['mdd_high'], f'.{dg}f')}]",
+                         f"{_count(r['seeds_80'])} [{_count(r['seeds_80_high'])}]",
+                         f"**{_say(r, scale)}**"])
+    return _md(["question", "sweep", "primary metric", "baseline's gain over random init (95% CI over seeds)",
+                "effect (95% CI over seeds)", "p / Holm p", "seeds", "min. detectable [sd range]",
+                "seeds for 80% power at the margin [at the sd's upper 95% bound]", "verdict"], rows)
+
+
+def _say(r, scale: float) -> str:
+    """The verdict with its margin in the table's units (1 point, not 0.01)."""
+    if str(r["verdict"]).startswith("equivalent"):
+        return f"equivalent within ±{scale * r['delta']:g}"
+    return r["verdict"]
+
+
+def _count(v) -> str:
+    return "> 1000" if v is None or v != v else str(int(v))
 
 
 def _digits(fmt: str) -> int:
     m = re.search(r"\.(\d+)f", fmt)
     return int(m.group(1)) if m else 3
-
-
-def _mdd(std: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
-    """Smallest true mean difference a two-sided paired t-test of ``n`` pairs detects with ``power``, given the std of
-    the differences (the noncentral-t approximation (t_{1-a/2} + t_{power}) * std / sqrt(n))."""
-    from scipy import stats
-
-    if n < 2 or not math.isfinite(std):
-        return float("nan")
-    return float((stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * std / math.sqrt(n))
 
 
 def _items_table(spec: dict, base: Path) -> str:
@@ -230,8 +286,8 @@ def _items_table(spec: dict, base: Path) -> str:
     if pooled:
         for group, (pool_a, pool_b) in pools.items():
             rows += _item_rows("pooled" if group is None else f"{group}, pooled", compare_items(pool_a, pool_b))
-    return _md(["pair", "task", "protocol", "items", "a", "b", "a - b (95% bootstrap CI)", "McNemar p",
-                "min. detectable"], rows)
+    return _md(["pair", "task", "protocol", "items", "a", "b",
+                "a - b (95% bootstrap CI over items, given these encoders)", "McNemar p", "min. detectable"], rows)
 
 
 def _pvalues(text: str) -> str:
@@ -271,7 +327,7 @@ def _bench_table(spec: dict, root: Path) -> str:
     return f"{getattr(mod, name)(p)}\n\nMeasured on: {mod.where(p)}"
 
 
-KINDS = {"runs": _runs_table, "compare": _compare_table, "items": _items_table, "bench": None}
+KINDS = {"runs": _runs_table, "compare": _compare_table, "items": _items_table, "bench": None, "findings": None}
 
 
 # --------------------------------------------------------------------------------------------------------- plumbing
@@ -305,6 +361,8 @@ def render(name: str, spec: dict, root: Path) -> str:
     try:
         if t["kind"] == "bench":
             body = _bench_table(t, root)
+        elif t["kind"] == "findings":
+            body = _findings_table(t, base, spec)
         else:
             body = KINDS[t["kind"]](t, base)
     except (KeyError, ReportError) as e:
@@ -312,10 +370,30 @@ def render(name: str, spec: dict, root: Path) -> str:
     return body + ("\n\n" + t["note"].strip() if t.get("note") else "")
 
 
+NOT_MEASURED = "<!-- not measured -->"
+
+
+def untracked_tables(root: Path) -> list[str]:
+    """Markdown tables outside a generated block that are not marked as holding no measurement (``<!-- not measured
+    -->`` on the line above): a table typed by hand, with no record behind it. ``file:line`` each."""
+    out = []
+    for path in sorted({p for pat in DOCS for p in root.glob(pat)}):
+        text = BLOCK.sub(lambda m: m.group(1) + "\n" * m.group("body").count("\n") + m.group(4), path.read_text())
+        lines = text.splitlines()
+        for i, line in enumerate(lines):
+            starts = line.lstrip().startswith("|") and (i == 0 or not lines[i - 1].lstrip().startswith("|"))
+            is_table = starts and i + 1 < len(lines) and re.match(r"^\s*\|\s*:?-{3,}", lines[i + 1])
+            if is_table and (i == 0 or lines[i - 1].strip() != NOT_MEASURED):
+                out.append(f"{path.relative_to(root)}:{i + 1}")
+    return out
+
+
 def update(root: Path, check: bool = False) -> list[str]:
     """Rewrite (or, with ``check``, compare) every generated block; returns the ``file: block`` names that changed
-    (or differ). A block whose name has no spec is an error, and so is a spec no file uses."""
+    (or differ), and with ``check`` every table typed by hand (:func:`untracked_tables`). A block whose name has no
+    spec is an error, and so is a spec no file uses."""
     spec = load_spec(root)
+    _QUESTIONS.clear()  # the records may have changed since the last render in this process
     used, changed = set(), []
     files = sorted({p for pat in DOCS for p in root.glob(pat)})
     for path in files:
@@ -337,6 +415,9 @@ def update(root: Path, check: bool = False) -> list[str]:
     unused = sorted(set(spec) - used)
     if unused:
         raise ReportError(f"{SPEC}: no file has a block for {', '.join(unused)}")
+    if check:
+        changed += [f"{where}: a table typed by hand (no record; generate it, or mark a table of no measurements "
+                    f"with {NOT_MEASURED} on the line above)" for where in untracked_tables(root)]
     return changed
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import integrate, optimize
@@ -126,10 +126,10 @@ def power(effect: float, sd: float, n: int, alpha: float = ALPHA) -> float:
     df, nc = n - 1, abs(effect) * math.sqrt(n) / sd
     c = st.t.ppf(1 - alpha / 2, df)
     out = float(st.nct.sf(c, df, nc) + st.nct.cdf(-c, df, nc))
-    if math.isfinite(out) and df > 2:
+    if math.isfinite(out):
         return out
-    # scipy's nct loses accuracy far in the tail at 1-2 degrees of freedom: the same probability as an integral
-    # over the chi-square law of the variance, P(|Z + nc| > c sqrt(V / df))
+    # scipy's nct gives nan far in the tail at 1-2 degrees of freedom: the same probability as an integral over the
+    # chi-square law of the variance, P(|Z + nc| > c sqrt(V / df)) (the two agree to 1e-12 where both are finite)
     def given(v: float) -> float:
         s = c * math.sqrt(v / df)
         return (st.norm.sf(s - nc) + st.norm.cdf(-s - nc)) * st.chi2.pdf(v, df)
@@ -225,23 +225,31 @@ def bootstrap(x, clusters: Sequence | None = None, levels: Sequence[str] = ("see
     rng = np.random.default_rng(seed)
     S, F, n_items = x.shape
     valid = ~np.isnan(x)
-    xz = np.where(valid, x, 0.0).reshape(S * F, n_items)
-    vz = valid.reshape(S * F, n_items).astype(float)
-    if "item" in levels:
-        labels = np.arange(n_items) if clusters is None else np.unique(np.asarray(clusters), return_inverse=True)[1]
-        k = int(labels.max()) + 1
-        picks = rng.multinomial(k, np.full(k, 1.0 / k), size=n_resamples)  # (B, clusters): counts per cluster
-        w = picks[:, labels].T.astype(float)  # (items, B)
-    else:
-        w = np.ones((n_items, 1))
-    sums, counts = xz @ w, vz @ w  # (S*F, B or 1): weighted item sums per fine-tuned model
-    m = (sums / np.where(counts > 0, counts, np.nan)).reshape(S, F, -1)
-    m = np.broadcast_to(m, (S, F, n_resamples)) if m.shape[2] == 1 else m
-    b = np.arange(n_resamples)
-    si = rng.integers(0, S, size=(n_resamples, S)) if "seed" in levels else np.broadcast_to(np.arange(S), (n_resamples, S))
-    fi = (rng.integers(0, F, size=(n_resamples, S, F)) if "finetune" in levels
-          else np.broadcast_to(np.arange(F), (n_resamples, S, F)))
-    reps = np.nanmean(m[si[:, :, None], fi, b[:, None, None]], axis=(1, 2))
+    labels = np.arange(n_items) if clusters is None else np.unique(np.asarray(clusters), return_inverse=True)[1]
+    k = int(labels.max()) + 1 if n_items else 0
+    # per fine-tuned model and cluster: the sum and count of its (non-tie) item values
+    cs = np.zeros((S * F, k))
+    cc = np.zeros((S * F, k))
+    np.add.at(cs.T, labels, np.where(valid, x, 0.0).reshape(S * F, n_items).T)
+    np.add.at(cc.T, labels, valid.reshape(S * F, n_items).T.astype(float))
+    chunk = max(1, int(2e7 // max(1, k * S * F)))  # resamples per block: bounded memory on large item sets
+    reps = []
+    for start in range(0, n_resamples, chunk):
+        B = min(chunk, n_resamples - start)
+        if "item" in levels:
+            idx = rng.integers(0, k, size=(B, k))  # clusters drawn with replacement, the same for every model
+            sums, counts = cs[:, idx].sum(-1), cc[:, idx].sum(-1)  # (S*F, B)
+        else:
+            sums, counts = cs.sum(1, keepdims=True), cc.sum(1, keepdims=True)
+        m = (sums / np.where(counts > 0, counts, np.nan)).reshape(S, F, -1)
+        m = np.broadcast_to(m, (S, F, B)) if m.shape[2] == 1 else m
+        b = np.arange(B)
+        si = rng.integers(0, S, size=(B, S)) if "seed" in levels else np.broadcast_to(np.arange(S), (B, S))
+        fi = (rng.integers(0, F, size=(B, S, F)) if "finetune" in levels
+              else np.broadcast_to(np.arange(F), (B, S, F)))
+        with np.errstate(all="ignore"):
+            reps.append(np.nanmean(m[si[:, :, None], fi, b[:, None, None]], axis=(1, 2)))
+    reps = np.concatenate(reps)
     lo, hi = np.nanpercentile(reps, [50 * (1 - level), 50 * (1 + level)])
     return float(lo), float(hi)
 
@@ -295,11 +303,12 @@ def boundaries(looks: tuple[int, ...], alpha: float = ALPHA, kind: str = "pocock
     return tuple(out)
 
 
-@dataclass(frozen=True)
+@dataclass
 class SequentialPlan:
-    """``analysis.sequential`` of a sweep: pretraining seeds added ``round`` at a time up to ``max_seeds``; the first
-    look at ``first`` seeds (default: ``round``, at least 2)."""
-    max_seeds: int = 8
+    """``analysis.sequential`` of a sweep: pretraining seeds added ``round`` at a time up to ``max_seeds`` (null: no
+    sequential rule, the sweep's seeds as listed); the first look at ``first`` seeds (default: ``round``, at least
+    2); ``spending``: the Lan-DeMets alpha-spending function."""
+    max_seeds: int | None = None
     round: int = 2
     first: int | None = None
     spending: str = "pocock"
@@ -308,13 +317,21 @@ class SequentialPlan:
     def __post_init__(self):
         if self.spending not in SPENDING:
             raise ValueError(f"analysis.sequential.spending={self.spending!r}; allowed: {', '.join(SPENDING)}")
+        if self.max_seeds is None:
+            return
         if self.round < 1 or self.max_seeds < 2 or (self.first or 2) < 2 or (self.first or 0) > self.max_seeds:
             raise ValueError(f"analysis.sequential: round={self.round}, max_seeds={self.max_seeds}, "
                              f"first={self.first}; need round >= 1, 2 <= first <= max_seeds")
         if not 0 < self.alpha < 1:
             raise ValueError(f"analysis.sequential.alpha={self.alpha}; allowed: (0, 1)")
 
+    @property
+    def enabled(self) -> bool:
+        return self.max_seeds is not None
+
     def looks(self) -> tuple[int, ...]:
+        if self.max_seeds is None:
+            raise ValueError("analysis.sequential.max_seeds is null: no sequential rule declared")
         first = self.first or max(2, self.round)
         seq = list(range(first, self.max_seeds + 1, self.round))
         return tuple(seq if seq[-1] == self.max_seeds else [*seq, self.max_seeds])
@@ -363,6 +380,40 @@ def sequential(diffs: Sequence[float], plan: SequentialPlan, delta: float | None
 
 
 # ----------------------------------------------------------------------------------------------------- verdicts
+
+
+@dataclass
+class Question:
+    """``analysis:`` of a sweep file (the schema of the ``analysis`` config group, and of a report table's question):
+    what the sweep asks, declared before it runs -- the primary metric the verdict is on, the family of metrics
+    adjusted together with it (Holm; the primary is always in it; every other metric is exploratory), the equivalence
+    margin on the primary metric's scale (0.01 = 1 point of accuracy), alpha, and optionally the sequential rule."""
+    primary: str | None = None
+    family: list[str] = field(default_factory=list)
+    delta: float | None = None
+    alpha: float = ALPHA
+    sequential: SequentialPlan = field(default_factory=SequentialPlan)
+
+    def __post_init__(self):
+        if self.delta is not None and not self.delta > 0:
+            raise ValueError(f"analysis.delta={self.delta}; allowed: a margin > 0 (or null)")
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"analysis.alpha={self.alpha}; allowed: (0, 1)")
+        if self.family and self.primary is None:
+            raise ValueError("analysis.family is set without analysis.primary; declare the primary metric")
+        for key, m in [("primary", self.primary), *(("family", f) for f in self.family)]:
+            if m is not None and "/" not in str(m):
+                raise ValueError(f"analysis.{key}={m!r} is not a metric key; allowed: split/name keys such as "
+                                 "downstream/sst2/acc or val/mlm_loss_r15")
+        if isinstance(self.sequential, dict):
+            self.sequential = SequentialPlan(**self.sequential)
+
+    def metrics_family(self, asked: Sequence[str]) -> list[str]:
+        """The family: the primary and the declared family; with nothing declared, every metric asked."""
+        if self.primary is None:
+            return list(asked)
+        return list(dict.fromkeys([self.primary, *self.family]))
+
 
 
 def higher_is_better(metric: str) -> bool:

@@ -716,7 +716,8 @@ def random_init_baseline(cfg: DictConfig, tok, encoder_cfg: dict, ft: dict, reco
 def cached_random_init(cfg: DictConfig, tok, encoder_cfg: dict, seed: int, compute) -> tuple[dict, dict, str | None]:
     """The random-init row once per sweep: its metrics and report (per-item predictions included) cached under a hash
     of everything it depends on -- the tokenizer, the encoder's shape, the init seed, the data config (built-in tasks
-    are generated from it), the whole downstream protocol and the precision -- so the jobs of a sweep that share them
+    are generated from it), the whole downstream protocol and its code's version, the precision and the CPU kind
+    (:func:`mlmlab.hardware.cpu_kind`) -- so the jobs of a sweep that share them
     (15% vs 40% masking at the same seed, say) fine-tune the untrained encoder once. Returns (metrics, report, the
     cache path when it was reused, else None)."""
     import hashlib
@@ -726,9 +727,13 @@ def cached_random_init(cfg: DictConfig, tok, encoder_cfg: dict, seed: int, compu
     from mlmlab.data.tasks import data_root
 
     ds = {k: v for k, v in to_container(cfg)["downstream"].items() if k not in ("wandb_runs", "reuse_random_init")}
-    key = {"kind": "random_init_v1", "tokenizer_sha": hashlib.sha256(tok.to_str().encode()).hexdigest(),
+    from mlmlab.downstream import PROTOCOL_VERSION
+    from mlmlab.hardware import cpu_kind
+
+    key = {"kind": "random_init_v2", "tokenizer_sha": hashlib.sha256(tok.to_str().encode()).hexdigest(),
            "encoder": encoder_cfg, "seed": seed, "downstream": ds, "data": to_container(cfg)["data"],
-           "data_dir": str(data_root(cfg)), "precision": trainer_kwargs(cfg)["precision"]}
+           "data_dir": str(data_root(cfg)), "precision": trainer_kwargs(cfg)["precision"],
+           "protocol": PROTOCOL_VERSION, "cpu": cpu_kind()}  # the same job moves ~1 point between CPU kinds
     built = False
 
     def build(tmp: Path) -> None:

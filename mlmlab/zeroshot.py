@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from mlmlab.data.tokenizer import CLS, MASK, PAD, SEP, UNK
+from mlmlab.stats import mcnemar  # noqa: F401  (re-exported: zeroshot's callers pair scorers with it)
 
 PLL_VARIANTS = ("within_word_l2r", "original")
 
@@ -196,17 +197,6 @@ def summarize(pairs: list[dict], right: list[int | None]) -> dict:
     return {"acc": sum(paradigms.values()) / len(paradigms) if paradigms else math.nan,
             "fields": {k: sum(v) / len(v) for k, v in sorted(fields.items())},
             "paradigms": paradigms, "pairs": len(pairs), "ties": ties}
-
-
-def mcnemar(a: list[int | None], b: list[int | None]) -> dict:
-    """Exact McNemar test of two scorers on the same pairs (ties of either dropped): the discordant pairs
-    ``a right, b wrong`` vs ``a wrong, b right`` under a two-sided binomial test (scipy)."""
-    from scipy.stats import binomtest
-
-    n10 = sum(1 for x, y in zip(a, b) if x == 1 and y == 0)
-    n01 = sum(1 for x, y in zip(a, b) if x == 0 and y == 1)
-    n = n10 + n01
-    return {"a_only": n10, "b_only": n01, "p": float(binomtest(n10, n, 0.5).pvalue) if n else 1.0}
 
 
 def slug(name: str) -> str:

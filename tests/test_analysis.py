@@ -320,3 +320,38 @@ def test_schedules_notebook_reads_the_committed_records(monkeypatch):
     classes (their config keys differ, NaN in each other's rows), each schedule rebuilt and drawn."""
     text = _default_notebook_text("04_schedules.ipynb", monkeypatch)
     assert "ankner_linear: linear 0.3 -> 0.15 over 1200 steps" in text and "bert: constant 0.15 over 1200 steps" in text
+
+
+def test_cli_compares_every_metric_asked_each_named_with_holm_and_verdict(capsys, tmp_path):
+    """metric=[a,b] with baseline=: every metric compared and named (printed heading and the .compare.csv), family
+    p-values Holm-adjusted, the effect over pretraining seeds with its t interval, and the verdict."""
+    src = ROOT / "docs" / "results" / "real_en_rates"
+    csv = tmp_path / "t.csv"
+    rc = A.main([str(src), "by=mask.rate", "baseline=0.15", "metric=[downstream/sst2/acc,val/mlm_loss_r15]",
+                 "primary=downstream/sst2/acc", "family=[val/mlm_loss_r15]", f"csv={csv}"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "downstream/sst2/acc (primary)" in out and "val/mlm_loss_r15 (family)" in out
+    t = pd.read_csv(csv.with_suffix(".compare.csv"))
+    assert list(t["metric"]) == ["downstream/sst2/acc", "val/mlm_loss_r15"]
+    p = t.set_index("metric")["p"]
+    assert t.set_index("metric")["p_holm"].max() == pytest.approx(min(1, 2 * p.min()) if p.max() < 2 * p.min()
+                                                                  else p.max())
+    # the 15% arm does not beat random init on SST-2 at this budget: the rules say so instead of comparing
+    assert t.set_index("metric").loc["downstream/sst2/acc", "verdict"] == "not in a regime where pretraining pays"
+    assert t.set_index("metric").loc["val/mlm_loss_r15", "verdict"] == "0.4 better"  # lower loss is better
+
+
+def test_plan_prints_the_seeds_a_pilot_says_a_question_needs(capsys):
+    from mlmlab import stats
+
+    src = ROOT / "docs" / "results" / "real_en_rates"
+    rc = A.main(["plan", str(src), "by=mask.rate", "baseline=0.15", "effect=0.01", "metric=downstream/sst2/acc"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "seeds_for_80" in out and "finetune_sd" in out
+    df = A.load_runs(src)
+    t = A.plan(df, "mask.rate", 0.15, "downstream/sst2/acc", 0.01)
+    row = t.loc[0.4]
+    assert row["seeds_for_80"] == stats.seeds_for_power(0.01, row["sd"])
+    assert row["seeds_for_80_at_sd_high"] >= row["seeds_for_80"]
+    assert A.main(["plan", str(src), "by=mask.rate", "baseline=0.15"]) == 2  # effect= is required

@@ -237,3 +237,31 @@ def test_a_resumed_seconds_budget_run_keeps_its_calibrated_step_count(cfg_factor
     r = json.loads((tmp_path / "resumed" / "results.json").read_text())
     assert r["budget"]["calibration"] == {"seconds": 2.0, "resumed": True, "steps": steps}
     assert again["train/steps"] == steps
+
+
+def test_random_init_rows_are_reused_per_cpu_kind_and_protocol(cfg_factory, monkeypatch, tmp_path):
+    """A second arm with the same seed, shape and protocol fine-tunes no random-init model; another CPU kind or
+    another fine-tuning protocol version computes its own (the same job moves ~1 point between CPU kinds)."""
+    from mlmlab import downstream, hardware, train
+
+    cfg = cfg_factory(f"paths.cache_dir={tmp_path / 'cache'}")
+
+    class Tok:
+        def to_str(self):
+            return "tokenizer"
+
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"random_init/x/acc": 0.5 + 0.1 * len(calls)}, {"x": {"acc": 0.5}}
+
+    first = train.cached_random_init(cfg, Tok(), {"hidden": 8}, 0, compute)
+    again = train.cached_random_init(cfg, Tok(), {"hidden": 8}, 0, compute)
+    assert len(calls) == 1 and again[0] == first[0] and again[2] is not None  # the second arm reused the row
+    monkeypatch.setattr(hardware, "cpu_kind", lambda: "another CPU")
+    train.cached_random_init(cfg, Tok(), {"hidden": 8}, 0, compute)
+    assert len(calls) == 2
+    monkeypatch.setattr(downstream, "PROTOCOL_VERSION", downstream.PROTOCOL_VERSION + 1)
+    train.cached_random_init(cfg, Tok(), {"hidden": 8}, 0, compute)
+    assert len(calls) == 3

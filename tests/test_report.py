@@ -95,19 +95,40 @@ def test_compare_table_and_detectable_difference(repo: Path):
     report.update(repo)
     row = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| score"))
     d = [0.03, 0.02, 0.035]
+    lo, hi = stats.t.interval(0.95, 2, sum(d) / 3, stats.sem(d))
+    from mlmlab.stats import mdd_range, sd_interval
+
     sd = stats.tstd(d)
-    mdd = (stats.t.ppf(0.975, 2) + stats.t.ppf(0.8, 2)) * sd / 3 ** 0.5
-    assert row.split(" | ")[1:] == ["0.15 → 0.4", "71.0", "73.8", f"+{100 * sum(d) / 3:.1f} ± "
-                                    f"{100 * stats.t.ppf(0.975, 2) * sd / 3 ** 0.5:.1f}",
-                                    f"{stats.ttest_rel([0.73, 0.74, 0.745], [0.70, 0.72, 0.71]).pvalue:.2g}", "3",
-                                    f"{100 * mdd:.1f} |"]
+    r = mdd_range(sd, 3)
+    assert sd_interval(sd, 3)[0] < sd < sd_interval(sd, 3)[1]
+    assert row.split(" | ")[1:] == ["0.15 → 0.4", "71.0", "73.8", f"+{100 * sum(d) / 3:.1f} [+{100 * lo:.1f}, "
+                                    f"+{100 * hi:.1f}]",
+                                    f"{stats.ttest_rel([0.73, 0.74, 0.745], [0.70, 0.72, 0.71]).pvalue:.2g}", "-", "3",
+                                    f"{100 * r.value:.1f} [{100 * r.low:.1f}, {100 * r.high:.1f}]", "exploratory |"]
+    # a declared question: the family's p-values Holm-adjusted (here two metrics), a verdict by the rules
+    (repo / "docs" / "results" / "tables.yaml").write_text(
+        "t1:\n  kind: compare\n  source: sweep\n  by: mask.rate\n  baseline: 0.15\n"
+        "  question: {primary: downstream/score, family: [downstream/other]}\n"
+        "  metrics:\n    - {key: downstream/score, label: score, scale: 100, fmt: .1f}\n"
+        "    - {key: downstream/other, label: other}\n")
+    for i in range(6):
+        rec = json.loads((sweep / str(i) / "results.json").read_text())
+        rec["metrics"]["downstream/other"] = 0.5 + 0.01 * i * (i % 2)
+        (sweep / str(i) / "results.json").write_text(json.dumps(rec))
+    report.update(repo)
+    rows = {line.split(" | ")[0]: line.split(" | ") for line in (repo / "README.md").read_text().splitlines()
+            if line.startswith(("| score", "| other"))}
+    p = stats.ttest_rel([0.73, 0.74, 0.745], [0.70, 0.72, 0.71]).pvalue
+    p_other = float(rows["| other"][5])
+    assert rows["| score"][6] == f"{min(1, p * (2 if p < p_other else 1)):.2g}"  # Holm: the smaller p x 2
+    assert rows["| score"][-1] in ("0.4 better |", "inconclusive at 3 seeds |")
     # "a - b": each run's a less its b, then paired between arms (the domain contrast); a missing part is named
     (repo / "docs" / "results" / "tables.yaml").write_text(
         "t1:\n  kind: compare\n  source: sweep\n  by: mask.rate\n  baseline: 0.15\n"
         "  metrics:\n    - {key: downstream/score - downstream/score, label: zero, fmt: .3f}\n")
     report.update(repo)
     row = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| zero"))
-    assert row.split(" | ")[2:5] == ["0.000", "0.000", "+0.000 ± 0.000"]
+    assert row.split(" | ")[2:5] == ["0.000", "0.000", "+0.000 [+0.000, +0.000]"]
     (repo / "docs" / "results" / "tables.yaml").write_text(
         "t1:\n  kind: compare\n  source: sweep\n  by: mask.rate\n  baseline: 0.15\n"
         "  metrics:\n    - {key: downstream/score - val/loss, label: x}\n")
@@ -172,7 +193,7 @@ def test_compare_table_across_two_sweeps_with_exclusions(repo: Path):
         "  exclude: [{objective.name: mlm, mask.rate: 0.15}]\n  metrics:\n    - {key: downstream/score, fmt: .2f}\n")
     report.update(repo)
     row = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| downstream"))
-    assert row.split(" | ")[1:5] == ["mlm → electra", "0.70", "0.76", "+0.06 ± 0.02"]
+    assert row.split(" | ")[1:5] == ["mlm → electra", "0.70", "0.76", "+0.06 [+0.04, +0.08]"]
     spec = (res / "tables.yaml").read_text()  # names: what the table prints for an arm's value
     (res / "tables.yaml").write_text(spec + "  names: {mlm: MLM 40%, electra: ELECTRA}\n")
     report.update(repo)
@@ -218,3 +239,44 @@ def test_items_table_pools_each_group_of_pairs_with_probe_and_zeroshot(repo: Pat
         "t1:\n  kind: items\n  pooled: some\n  pairs:\n    - {label: s0, a: x0, b: b0}\n")
     with pytest.raises(report.ReportError, match="pooled='some'; allowed: true, false, only"):
         report.update(repo)
+
+
+def test_findings_table_states_the_regime_before_comparing(repo: Path):
+    """The README's findings: where the baseline arm does not beat random init on the primary metric (its interval
+    over seeds), the verdict reads "not in a regime where pretraining pays", whatever the arms' difference."""
+    sweep = repo / "docs" / "results" / "sweep"
+    for i, (rate, seed, score, gain) in enumerate([(0.15, 0, 0.70, 0.01), (0.15, 1, 0.72, -0.02), (0.15, 2, 0.71, 0.0),
+                                                  (0.4, 0, 0.73, 0.03), (0.4, 1, 0.74, 0.0), (0.4, 2, 0.745, 0.04)]):
+        (sweep / str(i)).mkdir(parents=True)
+        (sweep / str(i) / "results.json").write_text(json.dumps(
+            {"status": "ok", "config": {"seed": seed, "mask": {"rate": rate}},
+             "metrics": {"downstream/t/acc": score, "gain/t/acc": gain}}))
+    spec = ("t1:\n  kind: compare\n  source: sweep\n  by: mask.rate\n  baseline: 0.15\n"
+            "  question: {primary: downstream/t/acc, delta: 0.01}\n"
+            "  metrics:\n    - {key: downstream/t/acc, label: acc, scale: 100, fmt: .1f}\n"
+            "f:\n  kind: findings\n  rows:\n    - {question: q1, sweep: s, table: t1}\n")
+    (repo / "docs" / "results" / "tables.yaml").write_text(spec)
+    (repo / "README.md").write_text("<!-- table: t1 -->\n<!-- /table -->\n<!-- table: f -->\n<!-- /table -->\n")
+    report.update(repo)
+    row = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| q1"))
+    assert row.endswith("**not in a regime where pretraining pays** |")
+    assert "0.15: -0.3 [" in row  # the baseline arm's gain over random init, mean over seeds, in points
+    for i in range(3):  # now the baseline pays: the comparison decides
+        rec = json.loads((sweep / str(i) / "results.json").read_text())
+        rec["metrics"]["gain/t/acc"] = 0.05 + 0.01 * i
+        (sweep / str(i) / "results.json").write_text(json.dumps(rec))
+    report.update(repo)
+    row = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| q1"))
+    assert "not in a regime" not in row and row.endswith(("**0.4 better** |", "**inconclusive at 3 seeds** |"))
+
+
+def test_check_fails_on_a_table_typed_by_hand(repo: Path):
+    """A Markdown table outside a generated block has no record behind it: check=true names it, unless it is marked as
+    holding no measurement."""
+    (repo / "docs" / "results" / "tables.yaml").write_text("")
+    (repo / "README.md").write_text("# x\n\n| a | b |\n| --- | --- |\n| 1 | 2 |\n")
+    assert report.update(repo, check=True) == [
+        "README.md:3: a table typed by hand (no record; generate it, or mark a table of no measurements with "
+        "<!-- not measured --> on the line above)"]
+    (repo / "README.md").write_text("# x\n\n<!-- not measured -->\n| a | b |\n| --- | --- |\n| 1 | 2 |\n")
+    assert report.update(repo, check=True) == []
