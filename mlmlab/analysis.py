@@ -459,7 +459,7 @@ def compare_items(a: dict, b: dict, level: float = 0.95, n_resamples: int = 1000
     """Two prediction sets (``load_predictions``) on the same items, per task and protocol: accuracy of each, the
     difference with a paired percentile bootstrap CI over items (:func:`mlmlab.stats.bootstrap`, ``levels=("item",)``;
     fine-tuning seeds averaged per item; items resampled in ``clusters`` where given: ``{task: [label per item]}``,
-    BLiMP by paradigm), the exact McNemar p (per fine-tuning seed, paired by seed), and the minimal detectable
+    by default a task's own ``clusters`` list, and BLiMP's paradigm from its ``pair_ids``), the exact McNemar p (per fine-tuning seed, paired by seed), and the minimal detectable
     difference at this many items (80% power, exact noncentral t). **Conditional on the encoders that were trained**:
     it ignores the pretraining seed, so it never decides a verdict (:mod:`mlmlab.verdicts` does, over seeds). Ties
     (zero-shot) are dropped from both sides."""
@@ -484,7 +484,8 @@ def compare_items(a: dict, b: dict, level: float = 0.95, n_resamples: int = 1000
             xa = np.array([[r[i] for i in keep] for r in ra]).mean(0)
             xb = np.array([[r[i] for i in keep] for r in rb]).mean(0)
             d = xa - xb
-            groups = (clusters or {}).get(task)
+            groups = (clusters or {}).get(task) or pa.get("clusters") or (  # BLiMP: its paradigm per pair
+                [pid[0] for pid in pa["pair_ids"]] if pa.get("pair_ids") and proto == "zeroshot" else None)
             lo, hi = bootstrap(d[None, None, :], [groups[i] for i in keep] if groups else None, ("item",), level,
                                n_resamples)
             tests = [mcnemar([r[i] for i in keep], [q[i] for i in keep]) for r, q in zip(ra, rb)]

@@ -156,7 +156,7 @@ def _flatten(d, prefix: str = "") -> dict:
 
 
 # what may differ between a finished run and a rerun that skips it (skip_completed=true)
-COMPLETED_FREE = ("paths", "skip_completed", "resume")
+COMPLETED_FREE = ("paths", "skip_completed", "resume", "analysis")  # analysis.*: what is asked, not what ran
 
 
 def config_diff(before: dict | None, now: dict, free: tuple[str, ...]) -> list[tuple[str, object, object]]:

@@ -283,6 +283,7 @@ def _items_table(spec: dict, base: Path) -> str:
                     q.setdefault("probe_runs", []).append(p["probe"])
                 if "items" in p:
                     q.setdefault("items_runs", []).append(p["items"])
+                    q.setdefault("pair_ids", p.get("pair_ids"))  # BLiMP's paradigms: the bootstrap's clusters
     if pooled:
         for group, (pool_a, pool_b) in pools.items():
             rows += _item_rows("pooled" if group is None else f"{group}, pooled", compare_items(pool_a, pool_b))

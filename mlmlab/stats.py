@@ -128,6 +128,8 @@ def power(effect: float, sd: float, n: int, alpha: float = ALPHA) -> float:
     out = float(st.nct.sf(c, df, nc) + st.nct.cdf(-c, df, nc))
     if math.isfinite(out):
         return out
+    if nc > c + 40:  # far beyond the critical value: the miss probability is below 1e-300 in double precision
+        return 1.0
     # scipy's nct gives nan far in the tail at 1-2 degrees of freedom: the same probability as an integral over the
     # chi-square law of the variance, P(|Z + nc| > c sqrt(V / df)) (the two agree to 1e-12 where both are finite)
     def given(v: float) -> float:
@@ -153,8 +155,10 @@ def mdd(sd: float, n: int, alpha: float = ALPHA, target: float = 0.8) -> float:
     too small at n = 3 and 16% at n = 2)."""
     if n < 2 or not (math.isfinite(sd) and sd > 0):
         return float("nan")
-    hi = sd * 50.0
-    return float(optimize.brentq(lambda d: power(d, sd, n, alpha) - target, 1e-12 * sd, hi, xtol=1e-10 * sd))
+    hi = (st.t.ppf(1 - alpha / 2, n - 1) + st.t.ppf(target, n - 1)) * sd / math.sqrt(n)  # the usual approximation
+    while power(hi, sd, n, alpha) < target:  # it is a little small: widen until the bracket holds the root
+        hi *= 2
+    return float(optimize.brentq(lambda d: power(d, sd, n, alpha) - target, 1e-12 * sd, hi, xtol=1e-12 * hi))
 
 
 def sd_interval(sd: float, n: int, level: float = 0.95) -> tuple[float, float]:

@@ -355,3 +355,20 @@ def test_plan_prints_the_seeds_a_pilot_says_a_question_needs(capsys):
     assert row["seeds_for_80"] == stats.seeds_for_power(0.01, row["sd"])
     assert row["seeds_for_80_at_sd_high"] >= row["seeds_for_80"]
     assert A.main(["plan", str(src), "by=mask.rate", "baseline=0.15"]) == 2  # effect= is required
+
+
+def test_the_question_a_sweep_declares_is_validated_and_read_back_from_its_records(cfg_factory):
+    from mlmlab.config import ConfigError, validate
+    from mlmlab.stats import SequentialPlan
+
+    cfg = cfg_factory("analysis.primary=downstream/score", "analysis.delta=0.01", "analysis.sequential.max_seeds=8")
+    validate(cfg)  # a good declaration passes
+    for bad, key in (("analysis.primary=score", "analysis.primary"), ("analysis.delta=-1", "analysis.delta"),
+                     ("analysis.sequential.spending=foo", "analysis.sequential.spending")):
+        with pytest.raises(ConfigError, match=key):
+            validate(cfg_factory(bad))
+    df = pd.DataFrame([{"analysis.primary": "downstream/score", "analysis.family": ("val/x",), "analysis.delta": 0.02}])
+    q = A.declared_question(df)
+    assert (q.primary, q.family, q.delta) == ("downstream/score", ["val/x"], 0.02)
+    assert A.declared_question(df, delta=0.05).delta == 0.05  # what is given on the command line wins
+    assert SequentialPlan(max_seeds=8, round=2).looks() == (2, 4, 6, 8)

@@ -46,11 +46,11 @@ def test_power_is_the_noncentral_t_and_matches_simulation():
 
 
 def test_mdd_is_exact_and_larger_than_the_usual_approximation():
-    for n in (2, 3, 8):
+    for n in (2, 3, 8, 872):
         d = stats.mdd(1.0, n)
         assert stats.power(d, 1.0, n) == pytest.approx(0.8, abs=1e-6)
         approx = (sst.t.ppf(0.975, n - 1) + sst.t.ppf(0.8, n - 1)) / math.sqrt(n)
-        assert d > approx
+        assert d > approx if n < 100 else d == pytest.approx(approx, rel=1e-3)  # the approximation holds at large n
     r = stats.mdd_range(1.0, 3)
     assert r.low < r.value < r.high  # the sd's own uncertainty at n = 3 spans a wide range
     assert r.high / r.low > 5
