@@ -465,8 +465,6 @@ def compare_items(a: dict, b: dict, level: float = 0.95, n_resamples: int = 1000
     (zero-shot) are dropped from both sides."""
     import numpy as np
 
-    from mlmlab.stats import bootstrap, mcnemar, mdd
-
     rows = []
     for task in sorted(set(a) & set(b)):
         pa, pb = a[task], b[task]
@@ -486,14 +484,14 @@ def compare_items(a: dict, b: dict, level: float = 0.95, n_resamples: int = 1000
             d = xa - xb
             groups = (clusters or {}).get(task) or pa.get("clusters") or (  # BLiMP: its paradigm per pair
                 [pid[0] for pid in pa["pair_ids"]] if pa.get("pair_ids") and proto == "zeroshot" else None)
-            lo, hi = bootstrap(d[None, None, :], [groups[i] for i in keep] if groups else None, ("item",), level,
+            lo, hi = stats.bootstrap(d[None, None, :], [groups[i] for i in keep] if groups else None, ("item",), level,
                                n_resamples)
-            tests = [mcnemar([r[i] for i in keep], [q[i] for i in keep]) for r, q in zip(ra, rb)]
+            tests = [stats.mcnemar([r[i] for i in keep], [q[i] for i in keep]) for r, q in zip(ra, rb)]
             rows.append({"task": task, "protocol": proto, "n_items": len(keep), "runs_paired": len(ra),
                          "a": float(xa.mean()), "b": float(xb.mean()), "diff": float(d.mean()),
                          "ci_low": lo, "ci_high": hi,
                          "mcnemar_p": ", ".join(f"{t['p']:.3g}" for t in tests),
-                         "mdd": mdd(float(d.std(ddof=1)), len(d)) if len(d) > 1 else float("nan")})
+                         "mdd": stats.mdd(float(d.std(ddof=1)), len(d)) if len(d) > 1 else float("nan")})
     if not rows:
         raise NoRunsError("the two prediction sets share no task with per-item outcomes")
     return pd.DataFrame(rows).set_index(["task", "protocol"])
@@ -711,8 +709,10 @@ def declared_question(df: pd.DataFrame, primary=None, family=None, delta=None):
         return vals[0] if len(vals) else None
 
     fam = family if family is not None else list(one("family") or [])
+    seq = {k: one(f"sequential.{k}") for k in ("max_seeds", "round", "first", "spending")}
+    seq = {k: (int(v) if k != "spending" else v) for k, v in seq.items() if v is not None and v == v}
     return Question(primary=primary or one("primary"), family=fam,
-                    delta=delta if delta is not None else one("delta"))
+                    delta=delta if delta is not None else one("delta"), sequential=seq or None)
 
 
 def _plan_main(a) -> int:
@@ -773,6 +773,15 @@ def _main(a) -> int:
             for metric, part in comparison.groupby("metric", sort=False):
                 print(f"\n{metric} ({part['role'].iloc[0]})")
                 print(_printable(part).to_string())
+            if declared.sequential.enabled and declared.primary:
+                from mlmlab.verdicts import sequential_verdict
+
+                for value in sorted(set(df[a.by[0]]) - {base}, key=str):
+                    r = sequential_verdict(df, a.by[0], base, value, declared.primary, declared, a.pair_on)
+                    print(f"\nsequential rule ({declared.sequential.spending} spending, looks at "
+                          f"{list(declared.sequential.looks())} seeds), {a.by[0]}={value}: {r.verdict} at look "
+                          f"{r.look} ({r.n} seeds; {r.interval.mean:+.4f} [{r.interval.low:+.4f}, "
+                          f"{r.interval.high:+.4f}] at level {r.interval.level:.4f})")
     if a.csv:
         table.to_csv(a.csv)
         if comparison is not None:

@@ -719,7 +719,7 @@ def paired_gain(metrics: dict[str, float], baseline: dict[str, float], mains: di
                 seeds: list[int]) -> dict[str, float]:
     """Pretrained minus baseline, paired by fine-tuning seed, for each task's primary metric: ``gain/<task>/<metric>``
     (mean difference), ``_std``, ``_ci95`` (t interval of the mean difference; it excludes 0 when the gain is
-    significant at 5%), ``_p`` (two-sided paired t-test, scipy) and ``gain/<task>/seed_<s>/<metric>``."""
+    significant at 5%), ``_p`` (two-sided paired t-test, mlmlab.stats.paired_t) and ``gain/<task>/seed_<s>/<metric>``."""
     from mlmlab.stats import paired_t
 
     out: dict[str, float] = {}

@@ -409,8 +409,8 @@ class Question:
             if m is not None and "/" not in str(m):
                 raise ValueError(f"analysis.{key}={m!r} is not a metric key; allowed: split/name keys such as "
                                  "downstream/sst2/acc or val/mlm_loss_r15")
-        if isinstance(self.sequential, dict):
-            self.sequential = SequentialPlan(**self.sequential)
+        if self.sequential is None or isinstance(self.sequential, dict):
+            self.sequential = SequentialPlan(**(self.sequential or {}), alpha=self.alpha)
 
     def metrics_family(self, asked: Sequence[str]) -> list[str]:
         """The family: the primary and the declared family; with nothing declared, every metric asked."""

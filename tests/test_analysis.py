@@ -372,3 +372,27 @@ def test_the_question_a_sweep_declares_is_validated_and_read_back_from_its_recor
     assert (q.primary, q.family, q.delta) == ("downstream/score", ["val/x"], 0.02)
     assert A.declared_question(df, delta=0.05).delta == 0.05  # what is given on the command line wins
     assert SequentialPlan(max_seeds=8, round=2).looks() == (2, 4, 6, 8)
+
+
+def test_a_sweep_declaring_the_sequential_rule_gets_its_decision(tmp_path, capsys):
+    """analysis.sequential in the records: the CLI prints the group-sequential decision on the primary metric -- a
+    planted large effect stops at the first look, a planted null does not call a winner."""
+    def write(folder, effect):
+        for rate in (0.15, 0.4):
+            for seed in range(2):
+                d = tmp_path / folder / f"{rate}_{seed}"
+                d.mkdir(parents=True)
+                score = 0.7 + 0.001 * seed + (effect if rate == 0.4 else 0.0) + (0.0005 * seed if rate == 0.4 else 0)
+                d.joinpath("results.json").write_text(json.dumps({"status": "ok", "config": {
+                    "seed": seed, "mask": {"rate": rate},
+                    "analysis": {"primary": "downstream/score", "family": [], "delta": 0.01,
+                                 "sequential": {"max_seeds": 6, "round": 2, "first": None, "spending": "pocock"}}},
+                    "metrics": {"downstream/score": score}}))
+
+    write("big", 0.05)
+    assert A.main([str(tmp_path / "big"), "by=mask.rate", "baseline=0.15"]) == 0
+    assert "mask.rate=0.4: better at look 1 (2 seeds" in capsys.readouterr().out
+    write("null", 0.0)
+    assert A.main([str(tmp_path / "null"), "by=mask.rate", "baseline=0.15"]) == 0
+    out = capsys.readouterr().out
+    assert "mask.rate=0.4: better" not in out and "mask.rate=0.4: worse" not in out

@@ -148,3 +148,17 @@ def test_components_recover_the_between_seed_variance():
     c = stats.components(d, [math.sqrt(within)] * (2 * n), m=m)
     assert c.between == pytest.approx(between, rel=0.15)
     assert c.unit_sd(10) < c.unit_sd(5)
+
+
+def test_stats_is_the_only_module_that_computes_intervals_and_p_values():
+    """No other mlmlab module imports scipy.stats or computes a t quantile / t-test itself."""
+    import re
+    from pathlib import Path
+
+    import mlmlab
+
+    root = Path(mlmlab.__file__).parent
+    offenders = [p.name for p in root.rglob("*.py") if p.name != "stats.py"
+                 and re.search(r"scipy\.stats|from scipy import stats|ttest_|t\.ppf|binomtest|bootstrap\(",
+                               p.read_text().replace("stats.bootstrap(", ""))]
+    assert offenders == []
