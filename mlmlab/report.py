@@ -224,18 +224,20 @@ def _findings_table(spec: dict, base: Path, tables: dict) -> str:
         m = next(x for x in t_spec["metrics"] if x["key"] == primary)
         scale, dg = float(m.get("scale", 1)), _digits(m.get("fmt", ".3f"))
         for _, r in t[t["metric"] == primary].iterrows():
-            g = r["baseline_gain"]
-            gain = (f"{scale * g.mean:+.{dg}f} [{scale * g.low:+.{dg}f}, {scale * g.high:+.{dg}f}]"
-                    if g is not None and g.n > 1 else "-")
+            def gain(g) -> str:
+                return (f"{scale * g.mean:+.{dg}f} [{scale * g.low:+.{dg}f}, {scale * g.high:+.{dg}f}]"
+                        if g is not None and g.n > 1 else "-")
+
             rows.append([row["question"], f"`{row['sweep']}`", m.get("label", primary),
-                         f"{r['baseline']}: {gain}", f"{r['arm']} - {r['baseline']}: "
+                         f"{r['baseline']}: {gain(r['baseline_gain'])}; {r['arm']}: {gain(r['arm_gain'])}",
+                         f"{r['arm']} - {r['baseline']}: "
                          f"{scale * r['diff']:+.{dg}f} [{scale * r['low']:+.{dg}f}, {scale * r['high']:+.{dg}f}]",
                          f"{_fmt(r['p'], 'p')} / {_fmt(r['p_holm'], 'p')}", str(int(r["n"])),
                          f"{_fmt(scale * r['mdd'], f'.{dg}f')} [{_fmt(scale * r['mdd_low'], f'.{dg}f')}, "
                          f"{_fmt(scale * r['mdd_high'], f'.{dg}f')}]",
                          f"{_count(r['seeds_80'])} [{_count(r['seeds_80_high'])}]",
                          f"**{_say(r, scale)}**"])
-    return _md(["question", "sweep", "primary metric", "baseline's gain over random init (95% CI over seeds)",
+    return _md(["question", "sweep", "primary metric", "each arm's gain over random init (95% CI over seeds)",
                 "effect (95% CI over seeds)", "p / Holm p", "seeds", "min. detectable [sd range]",
                 "seeds for 80% power at the margin [at the sd's upper 95% bound]", "verdict"], rows)
 

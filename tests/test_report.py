@@ -260,7 +260,7 @@ def test_findings_table_states_the_regime_before_comparing(repo: Path):
     report.update(repo)
     row = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| q1"))
     assert row.endswith("**not in a regime where pretraining pays** |")
-    assert "0.15: -0.3 [" in row  # the baseline arm's gain over random init, mean over seeds, in points
+    assert "0.15: -0.3 [" in row and "; 0.4: +2.3 [" in row  # each arm's gain over random init, over seeds, points
     for i in range(3):  # now the baseline pays: the comparison decides
         rec = json.loads((sweep / str(i) / "results.json").read_text())
         rec["metrics"]["gain/t/acc"] = 0.05 + 0.01 * i
