@@ -32,7 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from mlmlab import stats
-from mlmlab.cli import Opt
+from mlmlab.cli import BOOL, Opt
 from mlmlab.cli import run as cli_run
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,8 @@ def load_runs(source: str | Path | Sequence[str | Path], include_failed: bool = 
     if skipped:
         log.warning("skipped %d unreadable run(s): %s", len(skipped), "; ".join(f"{p} ({why})" for p, why in skipped))
     if not rows:
-        what = f"{len(failed)} failed run(s) (include_failed=True shows them)" if failed else "no runs"
+        what = (f"{len(failed)} failed run(s) (include_failed=true shows them: "
+                f"{'; '.join(str(r.get('error', r['status']))[:120] for r in failed[:3])})" if failed else "no runs")
         detail = f"; {len(skipped)} unreadable: {skipped[0][0]} ({skipped[0][1]})" if skipped else ""
         raise NoRunsError(f"{source}: {what}{detail}")
     df = pd.DataFrame(rows)
@@ -668,6 +669,7 @@ OPTIONS = {
     "family": Opt("metrics adjusted with the primary (Holm; default: the runs' analysis.family; with no primary "
                   "declared, every metric asked is one family)", many=True),
     "delta": Opt("equivalence margin on the primary metric (default: the runs' analysis.delta)", type=float),
+    "include_failed": Opt("keep failed runs in the table (their metrics are mostly missing)", False, BOOL),
     "items_vs": Opt("RUN[:random_init]: compare the per-item predictions of the run source (or source:random_init) "
                     "with this one: paired bootstrap CI, McNemar, minimal detectable difference"),
 }
@@ -751,8 +753,15 @@ def _main(a) -> int:
         print(f"{PROG}: by= is required (unless items_vs= or label_budget=)", file=sys.stderr)
         return 2
     try:
-        df = _load_selected(a)  # failed jobs: left out, counted below
-        table = aggregate(df, a.by, a.metric)
+        df = _load_selected(a)  # failed jobs: left out, counted below (include_failed=true: listed)
+        failed = df[df["status"] != "ok"]
+        if len(failed):
+            print(f"{len(failed)} failed run(s):")
+            for _, r in failed.iterrows():
+                print(f"  {r['run_dir']}: {r.get('error', r['status'])}")
+            if failed.shape[0] == df.shape[0]:
+                return 0
+        table = aggregate(df[df["status"] == "ok"], a.by, a.metric)
         comparison = None
         if a.baseline is not None:
             base = _cli_value(a.baseline, df[a.by[0]])
@@ -816,7 +825,7 @@ def _load_selected(a) -> pd.DataFrame:
         if not sep or not key.strip():
             raise ValueError(f"where={cond!r}: expected key=value, e.g. where=mask.rate=0.4")
         where[key.strip()] = value.strip()
-    df = load_runs([a.source, *(a.also or [])], source_kind=a.source_kind)
+    df = load_runs([a.source, *(a.also or [])], source_kind=a.source_kind, include_failed=a.include_failed)
     where = {key: _cli_value(raw, df[_columns(df, key)[0]]) for key, raw in where.items()}
     return select(df, where) if where else df
 

@@ -501,8 +501,10 @@ def validate_objective(o: DictConfig, model: DictConfig) -> None:
         _check(o[k] is not None or k in ELECTRA_OPTIONAL, f"objective.{k} must be set for objective=electra (see conf/objective/electra.yaml)")
     _check(0.0 < o.generator_size <= 1.0, f"objective.generator_size={o.generator_size} must be in (0, 1] "
            "(a fraction of the discriminator's hidden and FFN width)")
-    _check(o.generator_layers is None or o.generator_layers >= 1,
-           f"objective.generator_layers={o.generator_layers} must be >= 1 or null (the discriminator's depth)")
+    _check(o.generator_layers is None or 1 <= o.generator_layers <= model.num_layers,
+           f"objective.generator_layers={o.generator_layers} must be in [1, model.num_layers={model.num_layers}] or "
+           "null (the discriminator's depth): the generator is never deeper than the discriminator, as it is never "
+           "wider")
     _check(o.disc_weight >= 0 and math.isfinite(o.disc_weight), f"objective.disc_weight={o.disc_weight} must be >= 0")
     _check(o.temperature > 0 and math.isfinite(o.temperature), f"objective.temperature={o.temperature} must be > 0")
     _check(o.temperature_end is None or (o.temperature_end > 0 and math.isfinite(o.temperature_end)),
@@ -737,6 +739,10 @@ def _check_bf16(t) -> None:
     from mlmlab.hardware import BF16_CPU_FLAGS, cpu_bf16_supported, on_cpu
 
     p = str(t.precision)
+    if p in ("16-mixed", "16", "16-true") and on_cpu(t.accelerator):  # Lightning would run bf16 and record "16-mixed"
+        raise ConfigError(f"trainer.precision={p}: fp16 is a GPU precision; on the CPU Lightning switches it to bf16, "
+                          "so the record would name a precision that did not run; allowed on the CPU: 32-true, "
+                          "bf16-mixed, bf16-true, auto")
     if p.startswith("bf16") and on_cpu(t.accelerator) and not cpu_bf16_supported():
         raise ConfigError(f"trainer.precision={p}: this CPU has no native bf16 ({' / '.join(BF16_CPU_FLAGS)}), so bf16 "
                           "autocast would be emulated and slower than fp32; allowed here: trainer.precision=32-true, or "

@@ -224,12 +224,8 @@ def _findings_table(spec: dict, base: Path, tables: dict) -> str:
         m = next(x for x in t_spec["metrics"] if x["key"] == primary)
         scale, dg = float(m.get("scale", 1)), _digits(m.get("fmt", ".3f"))
         for _, r in t[t["metric"] == primary].iterrows():
-            def gain(g) -> str:
-                return (f"{scale * g.mean:+.{dg}f} [{scale * g.low:+.{dg}f}, {scale * g.high:+.{dg}f}]"
-                        if g is not None and g.n > 1 else "-")
-
-            rows.append([row["question"], f"`{row['sweep']}`", m.get("label", primary),
-                         f"{r['baseline']}: {gain(r['baseline_gain'])}; {r['arm']}: {gain(r['arm_gain'])}",
+            gains = "; ".join(f"{r[side]}: {_interval(r[side + '_gain'], scale, dg)}" for side in ("baseline", "arm"))
+            rows.append([row["question"], f"`{row['sweep']}`", m.get("label", primary), gains,
                          f"{r['arm']} - {r['baseline']}: "
                          f"{scale * r['diff']:+.{dg}f} [{scale * r['low']:+.{dg}f}, {scale * r['high']:+.{dg}f}]",
                          f"{_fmt(r['p'], 'p')} / {_fmt(r['p_holm'], 'p')}", str(int(r["n"])),
@@ -240,6 +236,13 @@ def _findings_table(spec: dict, base: Path, tables: dict) -> str:
     return _md(["question", "sweep", "primary metric", "each arm's gain over random init (95% CI over seeds)",
                 "effect (95% CI over seeds)", "p / Holm p", "seeds", "min. detectable [sd range]",
                 "seeds for 80% power at the margin [at the sd's upper 95% bound]", "verdict"], rows)
+
+
+def _interval(g, scale: float, dg: int) -> str:
+    """An interval over seeds (:class:`mlmlab.stats.Interval`) as ``+1.2 [+0.3, +2.1]`` in the table's units."""
+    if g is None or g.n < 2:
+        return "-"
+    return f"{scale * g.mean:+.{dg}f} [{scale * g.low:+.{dg}f}, {scale * g.high:+.{dg}f}]"
 
 
 def _say(r, scale: float) -> str:

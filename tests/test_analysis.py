@@ -396,3 +396,15 @@ def test_a_sweep_declaring_the_sequential_rule_gets_its_decision(tmp_path, capsy
     assert A.main([str(tmp_path / "null"), "by=mask.rate", "baseline=0.15"]) == 0
     out = capsys.readouterr().out
     assert "mask.rate=0.4: better" not in out and "mask.rate=0.4: worse" not in out
+
+
+def test_a_folder_of_failed_runs_says_why_and_the_cli_key_it_names_exists(tmp_path, capsys):
+    d = tmp_path / "sweep" / "0"
+    d.mkdir(parents=True)
+    d.joinpath("results.json").write_text(json.dumps({"status": "failed", "config": {"seed": 0, "mask": {"rate": 0.2}},
+                                                      "error": {"type": "ConfigError", "message": "bad"}}))
+    assert A.main([str(tmp_path / "sweep"), "by=mask.rate"]) == 2
+    err = capsys.readouterr().err
+    assert "include_failed=true shows them" in err and "ConfigError: bad" in err
+    assert A.main([str(tmp_path / "sweep"), "by=mask.rate", "include_failed=true"]) == 0  # the key it names is real
+    assert "ConfigError: bad" in capsys.readouterr().out  # and it lists the failed runs

@@ -265,3 +265,12 @@ def test_random_init_rows_are_reused_per_cpu_kind_and_protocol(cfg_factory, monk
     monkeypatch.setattr(downstream, "PROTOCOL_VERSION", downstream.PROTOCOL_VERSION + 1)
     train.cached_random_init(cfg, Tok(), {"hidden": 8}, 0, compute)
     assert len(calls) == 3
+
+
+def test_fp16_on_the_cpu_is_rejected_rather_than_recorded_as_what_did_not_run(cfg_factory):
+    """Lightning switches 16-mixed to bf16 on the CPU; the record would say 16-mixed for a bf16 run."""
+    from mlmlab.config import ConfigError, validate
+
+    for p in ("16-mixed", "16"):
+        with pytest.raises(ConfigError, match=f"trainer.precision={p}: fp16 is a GPU precision"):
+            validate(cfg_factory(f"trainer.precision={p}", "trainer.accelerator=cpu"))
