@@ -20,6 +20,13 @@ class SweepSummary:
     def on_multirun_start(self, config, **kwargs) -> None:
         import atexit
 
+        try:
+            validate_grid(config)  # every job of the grid, before the first one runs
+        except Exception as e:  # Hydra turns a callback's exception into a warning and runs the jobs: exit instead
+            import sys
+
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
         sweep_dir = Path(str(config.hydra.sweep.dir))
         atexit.register(summarize_sweep, sweep_dir)
 
@@ -30,6 +37,39 @@ class SweepSummary:
     def on_job_start(self, config, **kwargs) -> None: ...
     def on_job_end(self, config, job_return, **kwargs) -> None: ...
     def on_compose_config(self, config, config_name, overrides) -> None: ...
+
+
+def grid(config) -> list[list[str]]:
+    """The override lists of a multirun's jobs, as Hydra's basic sweeper expands them: the command line's overrides
+    and a ``+sweep=`` file's ``hydra.sweeper.params`` (empty for another sweeper, e.g. Optuna, whose trials are drawn
+    as it runs)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    sweeper = str(config.hydra.sweeper.get("_target_", ""))
+    if not sweeper.endswith("BasicSweeper"):
+        return []
+    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    overrides = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
+    return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+
+
+def validate_grid(config) -> None:
+    """Compose and validate every job of a multirun before any runs (mlmlab.config.validate: the job's own checks,
+    files included); a bad arm is a ConfigError naming its overrides, and nothing has run or been written."""
+    from hydra import compose
+
+    from mlmlab.config import ConfigError, validate
+
+    jobs = grid(config)
+    for job in jobs:
+        try:
+            cfg = compose(config_name=str(config.hydra.job.config_name), overrides=list(job))
+            validate(cfg)
+        except ConfigError as e:
+            raise ConfigError(f"sweep job [{' '.join(job)}]: {e} (no job of the {len(jobs)} has run)") from None
+    if jobs:
+        log.info("validated the %d jobs of the sweep before running any", len(jobs))
 
 
 def summarize_sweep(sweep_dir: Path) -> dict | None:

@@ -86,3 +86,12 @@ def test_a_config_error_is_one_line_without_a_traceback(tmp_path, cache_dir):
     line = [x for x in p.stderr.splitlines() if x.startswith("error: ")]
     assert len(line) == 1 and "mask.rate=1.5 must be in the open interval (0, 1)" in line[0]
     assert f"(record: {tmp_path}/run/results.json)" in line[0]
+
+
+def test_a_bad_arm_of_a_grid_fails_before_any_job_runs(tmp_path, cache_dir):
+    """The whole grid is composed and validated first: the bad arm is named, no job dir is written."""
+    sweep = tmp_path / "sweep"
+    p = run_cli(["-m", "debug=fast", "mask.rate=0.1,1.5", f"hydra.sweep.dir={sweep}"], cache_dir)
+    assert p.returncode == 2
+    assert "sweep job [debug=fast mask.rate=1.5]: mask.rate=1.5 must be in the open interval (0, 1)" in p.stderr
+    assert "no job of the 2 has run" in p.stderr and not sweep.exists()
