@@ -55,16 +55,24 @@ def grid(config) -> list[list[str]]:
 
 
 def validate_grid(config) -> None:
-    """Compose and validate every job of a multirun before any runs (mlmlab.config.validate: the job's own checks,
-    files included); a bad arm is a ConfigError naming its overrides, and nothing has run or been written."""
-    from hydra import compose
+    """Compose and validate every job of a pretraining multirun before any runs (mlmlab.config.validate: the job's own
+    checks, files included); a bad arm is a ConfigError naming its overrides, and nothing has run or been written.
+    A ``mlmlab.finetune`` grid is not checked here (its validation reads the checkpoint): each of its jobs validates as
+    it starts."""
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import open_dict
 
     from mlmlab.config import ConfigError, validate
 
+    if str(config.hydra.job.config_name) != "train":  # mlmlab.finetune grids: each job validates as it starts
+        return
     jobs = grid(config)
+    loader = GlobalHydra.instance().config_loader()
     for job in jobs:
         try:
-            cfg = compose(config_name=str(config.hydra.job.config_name), overrides=list(job))
+            cfg = loader.load_sweep_config(config, list(job))  # as Hydra composes the job (its search path too)
+            with open_dict(cfg):
+                cfg.pop("hydra", None)
             validate(cfg)
         except ConfigError as e:
             raise ConfigError(f"sweep job [{' '.join(job)}]: {e} (no job of the {len(jobs)} has run)") from None
