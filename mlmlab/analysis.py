@@ -761,6 +761,7 @@ def _main(a) -> int:
                 print(f"  {r['run_dir']}: {r.get('error', r['status'])}")
             if failed.shape[0] == df.shape[0]:
                 return 0
+        _columns(df, [*a.by, *a.metric])  # dict-valued and "a - b" columns added to df itself, before any filtering
         table = aggregate(df[df["status"] == "ok"], a.by, a.metric)
         comparison = None
         if a.baseline is not None:
