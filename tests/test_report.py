@@ -268,6 +268,10 @@ def test_findings_table_states_the_regime_before_comparing(repo: Path):
     report.update(repo)
     row = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| q1"))
     assert "not in a regime" not in row and row.endswith(("**0.4 better** |", "**inconclusive at 3 seeds** |"))
+    (repo / "docs" / "results" / "tables.yaml").write_text(spec.replace("kind: findings", "kind: findings\n  compact: true"))
+    report.update(repo)  # the README's form: one row per question, the effect with its Holm p, the verdict once
+    rows = [line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| q1")]
+    assert len(rows) == 1 and "0.4: +2.8 [" in rows[0] and "Holm p" in rows[0] and rows[0].count("**") == 2
 
 
 def test_check_fails_on_a_table_typed_by_hand(repo: Path):

@@ -52,7 +52,7 @@ def test_sweep_file_expands_to_the_jobs_it_says(name):
     path = ROOT / "sweeps" / "sweep" / f"{name}.yaml"
     header = path.read_text()
     assert f"python -m mlmlab.train +sweep={name} -m" in header  # the one-liner is in the file ...
-    assert f"python -m mlmlab.train +sweep={name} -m" in (ROOT / "README.md").read_text()  # ... and the README
+    assert f"python -m mlmlab.train +sweep={name} -m" in (ROOT / "docs" / "analysis.md").read_text()  # ... and the docs
     cfg = compose_sweep(name)
     assert cfg.skip_completed is True and cfg.hydra.sweep.dir == f"multirun/{name}"  # a rerun resumes the sweep
     assert cfg.logger.wandb.group == name
