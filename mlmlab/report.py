@@ -217,17 +217,10 @@ def _findings_table(spec: dict, base: Path, tables: dict) -> str:
         return _findings_compact(spec, base, tables)
     rows = []
     for row in spec["rows"]:
-        t_spec = tables.get(row["table"])
-        if t_spec is None or not t_spec.get("question"):
-            raise ReportError(f"findings row {row['question']!r}: table {row['table']!r} is not a compare table "
-                              "with a declared question")
-        t = _question_rows(t_spec, base)
-        primary = t_spec["question"]["primary"]
-        m = next(x for x in t_spec["metrics"] if x["key"] == primary)
-        scale, dg = float(m.get("scale", 1)), _digits(m.get("fmt", ".3f"))
-        for _, r in t[t["metric"] == primary].iterrows():
+        part, m, scale, dg = _primary_rows(row, base, tables)
+        for _, r in part.iterrows():
             gains = "; ".join(f"{r[side]}: {_interval(r[side + '_gain'], scale, dg)}" for side in ("baseline", "arm"))
-            rows.append([row["question"], f"`{row['sweep']}`", m.get("label", primary), gains,
+            rows.append([row["question"], f"`{row['sweep']}`", m.get("label", m["key"]), gains,
                          f"{r['arm']} - {r['baseline']}: "
                          f"{scale * r['diff']:+.{dg}f} [{scale * r['low']:+.{dg}f}, {scale * r['high']:+.{dg}f}]",
                          f"{_fmt(r['p'], 'p')} / {_fmt(r['p_holm'], 'p')}", str(int(r["n"])),
@@ -240,27 +233,31 @@ def _findings_table(spec: dict, base: Path, tables: dict) -> str:
                 "seeds for 80% power at the margin [at the sd's upper 95% bound]", "verdict"], rows)
 
 
+def _primary_rows(row: dict, base: Path, tables: dict):
+    """A findings row's question table on its primary metric: (rows, the metric's spec, scale, digits)."""
+    t_spec = tables.get(row["table"])
+    if t_spec is None or not t_spec.get("question"):
+        raise ReportError(f"findings row {row['question']!r}: table {row['table']!r} is not a compare table "
+                          "with a declared question")
+    t = _question_rows(t_spec, base)
+    primary = t_spec["question"]["primary"]
+    m = next(x for x in t_spec["metrics"] if x["key"] == primary)
+    return t[t["metric"] == primary], m, float(m.get("scale", 1)), _digits(m.get("fmt", ".3f"))
+
+
 def _findings_compact(spec: dict, base: Path, tables: dict) -> str:
     """``compact: true``: one row per question (the README's front door) -- the primary metric, the baseline arm's gain
     over random init, each arm's effect with its Holm p, and the verdict (once, where every arm has the same)."""
     rows = []
     for row in spec["rows"]:
-        t_spec = tables.get(row["table"])
-        if t_spec is None or not t_spec.get("question"):
-            raise ReportError(f"findings row {row['question']!r}: table {row['table']!r} is not a compare table "
-                              "with a declared question")
-        t = _question_rows(t_spec, base)
-        primary = t_spec["question"]["primary"]
-        m = next(x for x in t_spec["metrics"] if x["key"] == primary)
-        scale, dg = float(m.get("scale", 1)), _digits(m.get("fmt", ".3f"))
-        part = t[t["metric"] == primary]
+        part, m, scale, dg = _primary_rows(row, base, tables)
         effects = "; ".join(f"{r['arm']}: {scale * r['diff']:+.{dg}f} [{scale * r['low']:+.{dg}f}, "
                             f"{scale * r['high']:+.{dg}f}], Holm p {_fmt(r['p_holm'], 'p')}" for _, r in part.iterrows())
         words = [_say(r, scale) for _, r in part.iterrows()]
         verdict = words[0] if len(set(words)) == 1 else "; ".join(f"{r['arm']}: {w}" for (_, r), w in
                                                                      zip(part.iterrows(), words))
         first = part.iloc[0]
-        rows.append([row["question"], f"`{row['sweep']}`", f"{m.get('label', primary)}, {int(first['n'])} seeds",
+        rows.append([row["question"], f"`{row['sweep']}`", f"{m.get('label', m['key'])}, {int(first['n'])} seeds",
                      f"{first['baseline']}: {_interval(first['baseline_gain'], scale, dg)}", effects,
                      f"**{verdict}**"])
     return _md(["question", "sweep", "primary metric", "baseline's gain over random init", "effect vs the baseline "
