@@ -198,12 +198,9 @@ def _compare_table(spec: dict, base: Path) -> str:
         m = fmts[r["metric"]]
         label, scale, fmt = m.get("label", m["key"]), float(m.get("scale", 1)), m.get("fmt", ".3f")
         dg = _digits(fmt)
-        diff = f"{scale * r['diff']:+.{dg}f} [{scale * r['low']:+.{dg}f}, {scale * r['high']:+.{dg}f}]"
-        mdd = (f"{_fmt(scale * r['mdd'], f'.{dg}f')} [{_fmt(scale * r['mdd_low'], f'.{dg}f')}, "
-               f"{_fmt(scale * r['mdd_high'], f'.{dg}f')}]")
         rows.append([label, f"{r['baseline']} → {r['arm']}", _fmt(scale * r["baseline_mean"], fmt),
-                     _fmt(scale * r["arm_mean"], fmt), diff, _fmt(r["p"], "p"), _fmt(r["p_holm"], "p"),
-                     str(int(r["n"])), mdd, _say(r, scale)])
+                     _fmt(scale * r["arm_mean"], fmt), _effect(r, scale, dg), _fmt(r["p"], "p"),
+                     _fmt(r["p_holm"], "p"), str(int(r["n"])), _mdd_range(r, scale, dg), _say(r, scale)])
     return _md(["metric", f"`{spec['by']}`", "baseline", "arm", "arm - baseline (95% CI over seeds)", "p",
                 "p (Holm, family)", "seeds", "min. detectable (80% power) [sd range]", "verdict"], rows)
 
@@ -221,11 +218,9 @@ def _findings_table(spec: dict, base: Path, tables: dict) -> str:
         for _, r in part.iterrows():
             gains = "; ".join(f"{r[side]}: {_interval(r[side + '_gain'], scale, dg)}" for side in ("baseline", "arm"))
             rows.append([row["question"], f"`{row['sweep']}`", m.get("label", m["key"]), gains,
-                         f"{r['arm']} - {r['baseline']}: "
-                         f"{scale * r['diff']:+.{dg}f} [{scale * r['low']:+.{dg}f}, {scale * r['high']:+.{dg}f}]",
+                         f"{r['arm']} - {r['baseline']}: {_effect(r, scale, dg)}",
                          f"{_fmt(r['p'], 'p')} / {_fmt(r['p_holm'], 'p')}", str(int(r["n"])),
-                         f"{_fmt(scale * r['mdd'], f'.{dg}f')} [{_fmt(scale * r['mdd_low'], f'.{dg}f')}, "
-                         f"{_fmt(scale * r['mdd_high'], f'.{dg}f')}]",
+                         _mdd_range(r, scale, dg),
                          f"{_count(r['seeds_80'])} [{_count(r['seeds_80_high'])}]",
                          f"**{_say(r, scale)}**"])
     return _md(["question", "sweep", "primary metric", "each arm's gain over random init (95% CI over seeds)",
@@ -251,8 +246,8 @@ def _findings_compact(spec: dict, base: Path, tables: dict) -> str:
     rows = []
     for row in spec["rows"]:
         part, m, scale, dg = _primary_rows(row, base, tables)
-        effects = "; ".join(f"{r['arm']}: {scale * r['diff']:+.{dg}f} [{scale * r['low']:+.{dg}f}, "
-                            f"{scale * r['high']:+.{dg}f}], Holm p {_fmt(r['p_holm'], 'p')}" for _, r in part.iterrows())
+        effects = "; ".join(f"{r['arm']}: {_effect(r, scale, dg)}, Holm p {_fmt(r['p_holm'], 'p')}"
+                            for _, r in part.iterrows())
         words = [_say(r, scale) for _, r in part.iterrows()]
         verdict = words[0] if len(set(words)) == 1 else "; ".join(f"{r['arm']}: {w}" for (_, r), w in
                                                                      zip(part.iterrows(), words))
@@ -266,9 +261,23 @@ def _findings_compact(spec: dict, base: Path, tables: dict) -> str:
 
 def _interval(g, scale: float, dg: int) -> str:
     """An interval over seeds (:class:`mlmlab.stats.Interval`) as ``+1.2 [+0.3, +2.1]`` in the table's units."""
-    if g is None or g.n < 2:
-        return "-"
-    return f"{scale * g.mean:+.{dg}f} [{scale * g.low:+.{dg}f}, {scale * g.high:+.{dg}f}]"
+    return "-" if g is None or g.n < 2 else _bracket(g.mean, g.low, g.high, scale, dg)
+
+
+def _effect(r, scale: float, dg: int) -> str:
+    """A question row's difference with its interval over seeds."""
+    return _bracket(r["diff"], r["low"], r["high"], scale, dg)
+
+
+def _mdd_range(r, scale: float, dg: int) -> str:
+    """A question row's minimal detectable difference with its range over the sd's 95% interval."""
+    return _bracket(r["mdd"], r["mdd_low"], r["mdd_high"], scale, dg, sign=False)
+
+
+def _bracket(value: float, low: float, high: float, scale: float, dg: int, sign: bool = True) -> str:
+    """``+1.2 [+0.3, +2.1]`` (``sign``) or ``1.2 [0.3, 2.1]``, scaled, ``-`` for a missing number."""
+    f = f"{'+' if sign else ''}.{dg}f"
+    return f"{_fmt(scale * value, f)} [{_fmt(scale * low, f)}, {_fmt(scale * high, f)}]"
 
 
 def _say(r, scale: float) -> str:

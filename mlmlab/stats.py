@@ -316,7 +316,6 @@ class SequentialPlan:
     round: int = 2
     first: int | None = None
     spending: str = "pocock"
-    alpha: float = ALPHA
 
     def __post_init__(self):
         if self.spending not in SPENDING:
@@ -326,8 +325,6 @@ class SequentialPlan:
         if self.round < 1 or self.max_seeds < 2 or (self.first or 2) < 2 or (self.first or 0) > self.max_seeds:
             raise ValueError(f"analysis.sequential: round={self.round}, max_seeds={self.max_seeds}, "
                              f"first={self.first}; need round >= 1, 2 <= first <= max_seeds")
-        if not 0 < self.alpha < 1:
-            raise ValueError(f"analysis.sequential.alpha={self.alpha}; allowed: (0, 1)")
 
     @property
     def enabled(self) -> bool:
@@ -351,13 +348,13 @@ class SequentialResult:
 
 
 def sequential(diffs: Sequence[float], plan: SequentialPlan, delta: float | None = None,
-               higher_is_better: bool = True) -> SequentialResult:
+               higher_is_better: bool = True, alpha: float = ALPHA) -> SequentialResult:
     """Run the group-sequential paired t over ``diffs`` (arm minus baseline per pretraining seed, in the order the
     seeds were run) and return the first decision: ``better`` / ``worse`` (the look's interval excludes 0, the
     boundary at that look), ``equivalent`` (the look's interval lies within ``±delta``), ``continue`` (the data end
     before the last look) or ``inconclusive`` (the last look reached undecided)."""
     looks = plan.looks()
-    bounds = boundaries(looks, plan.alpha, plan.spending)
+    bounds = boundaries(looks, alpha, plan.spending)
     d = np.asarray(diffs, dtype=float)
     result = None
     for k, (n, c) in enumerate(zip(looks, bounds), start=1):
@@ -410,7 +407,7 @@ class Question:
                 raise ValueError(f"analysis.{key}={m!r} is not a metric key; allowed: split/name keys such as "
                                  "downstream/sst2/acc or val/mlm_loss_r15")
         if self.sequential is None or isinstance(self.sequential, dict):
-            self.sequential = SequentialPlan(**(self.sequential or {}), alpha=self.alpha)
+            self.sequential = SequentialPlan(**(self.sequential or {}))
 
     def metrics_family(self, asked: Sequence[str]) -> list[str]:
         """The family: the primary and the declared family; with nothing declared, every metric asked."""

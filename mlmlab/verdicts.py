@@ -57,13 +57,13 @@ def question_table(df: pd.DataFrame, by: str, baseline, metrics: Sequence[str], 
     for m in metrics:
         base = _per_seed(df, by, baseline, m, pair_on)
         g = gain_column(m)
-        base_gain = _per_seed(df, by, baseline, g, pair_on) if g else pd.Series(dtype=float)
+        base_gain = _per_seed(df, by, baseline, g, pair_on)
         for value in sorted(set(df[by]) - {baseline}, key=str):
             arm = _per_seed(df, by, value, m, pair_on)
             common = sorted(set(arm.index) & set(base.index))
             iv = stats.paired_t(arm[common].to_numpy(), base[common].to_numpy())
             delta = q.delta if m == q.primary else None
-            arm_gain = _per_seed(df, by, value, g, pair_on) if g else pd.Series(dtype=float)
+            arm_gain = _per_seed(df, by, value, g, pair_on)
             r = stats.mdd_range(iv.sd, iv.n, q.alpha)
             target = delta or abs(iv.mean)
             rows.append({"metric": m, "arm": name(value), "baseline": name(baseline),
@@ -111,7 +111,7 @@ def sequential_verdict(df: pd.DataFrame, by: str, baseline, value, metric: str, 
     base, arm = (_per_seed(df, by, v, metric, pair_on) for v in (baseline, value))
     common = sorted(set(arm.index) & set(base.index))
     return stats.sequential((arm[common] - base[common]).to_numpy(), question.sequential, question.delta,
-                            stats.higher_is_better(metric))
+                            stats.higher_is_better(metric), question.alpha)
 
 
 # ---------------------------------------------------------------------------------------------------------- plan
