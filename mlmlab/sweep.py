@@ -40,15 +40,22 @@ class SweepSummary:
 
 
 def grid(config) -> list[list[str]]:
-    """The override lists of a multirun's jobs, as Hydra's basic sweeper expands them: the command line's overrides
-    and a ``+sweep=`` file's ``hydra.sweeper.params`` (empty for another sweeper, e.g. Optuna, whose trials are drawn
-    as it runs)."""
+    """The override lists of a multirun's jobs, as Hydra's basic sweeper (and mlmlab's, which extends it) expands them:
+    the command line's overrides and a ``+sweep=`` file's ``hydra.sweeper.params``; for a sweep that declares
+    ``analysis.sequential``, every job its rounds may run (:mod:`mlmlab.rounds`). Empty for another sweeper (e.g.
+    Optuna, whose trials are drawn as it runs)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     sweeper = str(config.hydra.sweeper.get("_target_", ""))
-    if not sweeper.endswith("BasicSweeper"):
+    if not sweeper.endswith(("BasicSweeper", "MlmlabSweeper")):
         return []
+    if sweeper.endswith("MlmlabSweeper"):
+        from hydra_plugins.mlmlab_sweeper.mlmlab_sweeper import sequential_plan
+
+        p = sequential_plan(config, list(config.hydra.overrides.task))
+        if p is not None:
+            return [list(j.overrides) for j in p.all_jobs()]
     params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
     overrides = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
     return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
@@ -104,6 +111,10 @@ def summarize_sweep(sweep_dir: Path) -> dict | None:
     bad = [j for j in jobs if j["status"] not in ("ok", "running")]
     summary = {"jobs": len(jobs), "ok": len(jobs) - len(bad) - len(running), "failed": bad, "running": running,
                "warnings": warnings}
+    try:  # a sequential sweep (mlmlab.rounds): its rounds and each arm's decision
+        summary["sequential"] = json.loads((sweep_dir / "sequential.json").read_text())
+    except (OSError, ValueError):
+        pass
     tmp = sweep_dir / ".summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2))
     os.replace(tmp, sweep_dir / "summary.json")

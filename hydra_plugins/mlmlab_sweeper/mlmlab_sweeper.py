@@ -1,0 +1,116 @@
+"""mlmlab's Hydra sweeper (``hydra/sweeper: basic`` or ``mlmlab``, the default): Hydra's basic sweeper (the
+grid of the command line and of a ``+sweep=`` file's ``hydra.sweeper.params``) with two additions:
+
+- a multirun never silently redoes finished work: each job runs with ``skip_completed=true`` unless the command line
+  says ``skip_completed=false`` (which forces every job to run again);
+- a sweep that declares ``analysis.sequential.max_seeds`` runs its pretraining seeds in rounds and stops when the
+  question is settled (:mod:`mlmlab.rounds`).
+
+Hydra loads sweepers only from the ``hydra_plugins`` namespace package; the logic lives in :mod:`mlmlab.rounds`."""
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class MlmlabSweeperConf:
+    _target_: str = "hydra_plugins.mlmlab_sweeper.mlmlab_sweeper.MlmlabSweeper"
+    max_batch_size: int | None = None
+    params: dict[str, str] | None = None
+
+
+# Hydra's default sweeper (``basic``) is this one: every grid of `python -m mlmlab.train ... -m` gets it, while a sweep
+# file can still choose another (``override /hydra/sweeper: optuna``), which an override in conf/train.yaml would block
+# (Hydra keeps the first override of a group, and the primary config's comes first). This module imports
+# basic_sweeper above, so Hydra's own node is stored before, and replaced by, this one.
+for _name in ("basic", "mlmlab"):
+    ConfigStore.instance().store(group="hydra/sweeper", name=_name, node=MlmlabSweeperConf, provider="mlmlab")
+
+
+def split_grid(overrides) -> tuple[list[str], dict[str, list[str]]]:
+    """Parsed overrides -> (fixed ``key=value`` overrides, swept key -> its values in order)."""
+    fixed, swept = [], {}
+    for o in overrides:
+        key = o.get_key_element()
+        if o.is_sweep_override():
+            swept[key] = list(o.sweep_string_iterator())
+        else:
+            fixed.append(f"{key}={o.get_value_element_as_str()}")
+    return fixed, swept
+
+
+def question(config):
+    """The sweep's declared question (``analysis``), None when it declares no sequential rule."""
+    from mlmlab.stats import Question
+
+    a = config.get("analysis")
+    if a is None or a.get("sequential") is None or a.sequential.get("max_seeds") is None:
+        return None
+    return Question(**OmegaConf.to_container(a, resolve=True))
+
+
+def sequential_plan(config, arguments: list[str], config_loader=None):
+    """The :class:`mlmlab.rounds.Plan` of a multirun whose config declares ``analysis.sequential`` (None otherwise):
+    the command line's overrides and the sweep file's params, as the basic sweeper reads them."""
+    from mlmlab import rounds
+
+    q = question(config)
+    if q is None:
+        return None
+    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    parsed = OverridesParser.create(config_loader=config_loader).parse_overrides([*params, *arguments])
+    fixed, swept = split_grid(parsed)
+    return rounds.plan(fixed, swept, q)
+
+
+def _output_dir(ret) -> Path:
+    raw = OmegaConf.to_container(ret.cfg.paths, resolve=False).get("output_dir")
+    if isinstance(raw, str) and raw.startswith("${hydra:"):
+        return Path(ret.hydra_cfg.hydra.runtime.output_dir)
+    return Path(str(OmegaConf.select(ret.cfg, "paths.output_dir")))
+
+
+class MlmlabSweeper(BasicSweeper):
+    def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None) -> None:
+        super().__init__(max_batch_size=max_batch_size, params=params)
+
+    def _forced(self) -> bool:
+        """``skip_completed=...`` given on the command line: the user's word, not the sweeper's default."""
+        return any(o.split("=", 1)[0].lstrip("+") == "skip_completed" for o in self.config.hydra.overrides.task)
+
+    def _with_skip(self, jobs):
+        return [list(j) if self._forced() else [*j, "skip_completed=true"] for j in jobs]
+
+    def sweep(self, arguments: list[str]) -> Any:
+        from mlmlab import rounds
+
+        p = sequential_plan(self.config, arguments, self.hydra_context.config_loader)
+        if p is None:
+            launch = self.launcher.launch
+            self.launcher.launch = lambda batch, initial_job_idx: launch(self._with_skip(batch), initial_job_idx)
+            return super().sweep(arguments)
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        returns = []
+
+        def launch(batch, first):
+            results = self.launcher.launch(self._with_skip(batch), initial_job_idx=first)
+            for r in results:
+                _ = r.return_value  # a failed job: its exception, as the basic sweeper raises it
+            returns.append(results)
+            return [_output_dir(r) for r in results]
+
+        log.info("sequential sweep: %d arms, seeds %s in rounds (looks at %s seeds), decided on %s", len(p.arms),
+                 p.seeds, list(p.looks), p.question.primary)
+        rounds.run(p, launch, sweep_dir, log=log.info)
+        return returns
