@@ -12,6 +12,8 @@ from pathlib import Path
 
 from _common import RESULTS_DIR
 
+TARGETS = {500: 0.05, 4000: 0.03}  # bench_time_to_pay.py's targets: the gain's lower bound to reach, by label budget
+
 
 def load(d: Path, name: str) -> dict | None:
     p = d / f"{name}.json"
@@ -87,6 +89,62 @@ def e2e(p: dict) -> str:
         row += [f"{r['job_tokens_per_s']:,.0f}", f"{r['step']['tokens_per_s']:,.0f}", f"{r['job_over_step']:.3f}"]
         head += ["job tokens/s", "step tokens/s", "job_over_step"]
     return md([row], head)
+
+
+def _gain(g: dict | None) -> str:
+    if not g or g.get("gain") is None:
+        return "-"
+    iv = f" [{100 * g['low']:+.1f}, {100 * g['high']:+.1f}]" if g.get("low") is not None else ""
+    return f"{100 * g['gain']:+.1f}{iv}"
+
+
+def time_to_pay(payloads: dict | list[dict]) -> str:
+    """``bench_time_to_pay.py``: one row per (recipe, budget, pretraining seed) -- minutes actually pretrained, steps,
+    the fixed-mask loss, and per label budget the gain over random init in points with its 95% interval over
+    fine-tuning seeds (given that encoder) -- then per (recipe, budget), over every file that ran it (a confirmation
+    on other seeds joins the seeds it confirms), the gain's 95% t interval over the pretraining seeds (the unit) and
+    whether it pays: every seed's interval and the one over seeds above 0."""
+    from mlmlab.stats import mean_interval
+
+    payloads = payloads if isinstance(payloads, list) else [payloads]
+    labels = sorted({n for p in payloads if not p.get("screen") for n in p.get("labels", [])})
+    head = ["recipe", "budget, min", "seed", "pretrained, min", "steps", "val/mlm_loss_r15",
+            *[f"gain @ {n:,} labels, points" for n in labels]]
+    groups: dict[tuple[str, float], list[dict]] = {}
+    for p in payloads:
+        recipe = " ".join(p["overrides"]) or "(defaults)"
+        for r in p["rows"]:
+            groups.setdefault((recipe, r["minutes"]), []).append(r)
+    rows = []
+    for (recipe, minutes), rs in groups.items():
+        rs = sorted(rs, key=lambda r: r["seed"])
+        for r in rs:
+            rows.append([recipe, f"{minutes:g}", str(r["seed"]), f"{r['pretrain_min']:.1f}", f"{r['steps']:,}",
+                         f"{r['val_loss']:.3f}", *[_gain(r["gains"].get(str(n))) for n in labels]])
+        cells = []
+        for n in labels:
+            gs = [r["gains"].get(str(n)) or {} for r in rs]
+            vals = [g["gain"] for g in gs if g.get("gain") is not None]
+            if len(vals) < 2:
+                cells.append("-")
+                continue
+            iv = mean_interval(vals)
+            reach = sum(1 for g in gs if g.get("low") is None or g["low"] <= 0)
+            if iv.low <= 0:
+                pays = "does not pay"
+            elif reach:
+                pays = f"**pays over seeds**; {reach} of {len(gs)} seeds' own intervals reach 0"
+            else:
+                pays = "**pays**"
+            target = TARGETS.get(n)
+            goal = (f"; target +{100 * target:g}: {'met' if iv.low > target else 'not met'}"
+                    if target is not None and iv.low > 0 else "")
+            cells.append(f"{100 * iv.mean:+.1f} [{100 * iv.low:+.1f}, {100 * iv.high:+.1f}] over {len(vals)} seeds: "
+                         f"{pays}{goal}")
+        if any(c != "-" for c in cells):
+            rows.append([recipe, f"{minutes:g}", "all", "", "", "", *cells])
+    cpus = "; ".join(sorted({p.get("cpu") or p["machine"]["processor"] for p in payloads}))
+    return md(rows, head) + f"\n\nEach job pinned to one core with one torch thread ({cpus})."
 
 
 def main(argv=None) -> None:

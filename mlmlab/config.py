@@ -1,8 +1,13 @@
-"""Structured-config schemas and validation: the one place bad input is rejected.
+"""The job's schema: registration, the groups that have no component of their own, and the rules that span groups.
 
-The schemas are registered with Hydra's ConfigStore as ``train_schema``; ``conf/train.yaml`` lists it first in its
+Each group with a component is owned beside it, with its only defaults and its own rules: ``mask.*`` by
+``mlmlab.masking.config.MaskConfig`` (its rules run as it is built), ``model.*`` by
+``mlmlab.models.encoder.EncoderConfig`` (``ModelConfig`` below is generated from it), ``analysis.*`` by
+``mlmlab.stats.Question``; a ``_target_`` node (``mask.sampler``, ``mask.schedule``) by its target's constructor.
+The whole schema is registered with Hydra's ConfigStore as ``train_schema``; ``conf/train.yaml`` lists it first in its
 defaults, so every composed config is typed and in struct mode: a misspelled key or a wrong type fails at compose time.
-:func:`validate` then checks the value constraints (ranges, sums, names, files) before any data or training work.
+:func:`validate` then runs every group's rules and the cross-group ones (ranges, sums, names, files) before any data
+or training work, each failure a one-line ConfigError naming the key.
 """
 
 from __future__ import annotations
@@ -16,8 +21,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from mlmlab.errors import ConfigError  # noqa: F401  (re-exported: mlmlab.config.ConfigError)
-from mlmlab.masking.masker import COUNT_RULES  # the allowed values are the components' own, defined once
-from mlmlab.masking.masker import UNITS as MASK_UNITS
+from mlmlab.masking.config import MaskConfig, ReplaceConfig, check_rate  # mask.*: its owner, beside the masker
 from mlmlab.models.electra import SAMPLINGS
 from mlmlab.stats import Question  # analysis.*: the question a sweep declares (its owner: mlmlab.stats)
 
@@ -99,39 +103,6 @@ def _model_schema():
 
 
 ModelConfig = _model_schema()
-
-
-@dataclass
-class ReplaceConfig:
-    mask: float = 0.8
-    random: float = 0.1
-    keep: float = 0.1
-
-
-@dataclass
-class SpanConfig:
-    p: float = 0.2  # geometric parameter of span lengths (in words), truncated to [min_len, max_len]
-    min_len: int = 1
-    max_len: int = 10
-
-
-@dataclass
-class MaskConfig:
-    name: str = "bert"
-    rate: float = 0.15  # selection (corruption) probability under the default constant schedule
-    # corruption vs prediction rate (Wettig et al.): null = equal to the corruption rate
-    predict_rate: float | None = None
-    count: str = "bernoulli"  # bernoulli | exact | prob_round
-    min_per_seq: int | None = None  # null: 0 for bernoulli, 1 for exact / prob_round
-    unit: str = "token"  # token | word | span
-    span: SpanConfig = field(default_factory=SpanConfig)
-    dynamic: bool = True  # false: static masks keyed by (seed, block, epoch mod static_copies)
-    static_copies: int = 1
-    replace: ReplaceConfig = field(default_factory=ReplaceConfig)
-    # pluggable parts, instantiated with Hydra from conf/mask/schedule/*.yaml and conf/mask/sampler/*.yaml
-    # (empty here: a _target_ node merged with the schema's default would keep the default's keys)
-    schedule: dict[str, Any] = field(default_factory=dict)
-    sampler: dict[str, Any] = field(default_factory=dict)
 
 
 EVAL_UNITS = ("token", "word")  # eval.units: the fixed evaluation masks' units
@@ -431,20 +402,21 @@ def _check_choice(key: str, value, allowed) -> None:
     _check(value in allowed, f"{key}={value!r} is not known; allowed: {', '.join(map(str, allowed))}")
 
 
-def _check_replace(key: str, r) -> None:
-    vals = {"mask": r.mask, "random": r.random, "keep": r.keep}
-    for k, v in vals.items():
-        _check(v >= 0 and math.isfinite(v), f"{key}.{k}={v} must be >= 0 (ratios of [MASK]/random/keep)")
-    total = sum(vals.values())
-    _check(
-        abs(total - 1.0) < 1e-6,
-        f"{key}.mask + {key}.random + {key}.keep must sum to 1, got {total:g} "
-        f"({vals['mask']:g} + {vals['random']:g} + {vals['keep']:g})",
-    )
+def _owned(rule, *args) -> None:
+    """A rule of a group's owner (a ValueError naming the key) as the job's ConfigError."""
+    try:
+        rule(*args)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
-def _check_rate(key: str, rate: float) -> None:
-    _check(0.0 < rate < 1.0, f"{key}={rate} must be in the open interval (0, 1)")
+def mask_config(node) -> MaskConfig:
+    """``mask.*`` as its typed owner (the group's rules run as it is built); ConfigError naming the key."""
+    try:
+        obj = OmegaConf.to_object(node) if isinstance(node, DictConfig) else node
+        return obj if isinstance(obj, MaskConfig) else MaskConfig(**obj)
+    except ValueError as e:
+        raise ConfigError(str(getattr(e, "__cause__", None) or e)) from None
 
 
 def build_schedule(mask: DictConfig):
@@ -466,21 +438,12 @@ def build_schedule(mask: DictConfig):
 
 
 def validate_mask(m: DictConfig) -> None:
-    _check_rate("mask.rate", m.rate)
-    _check_replace("mask.replace", m.replace)
-    if m.predict_rate is not None:
-        _check_rate("mask.predict_rate", m.predict_rate)
-    _check_choice("mask.count", m.count, COUNT_RULES)
-    _check_choice("mask.unit", m.unit, MASK_UNITS)
-    _check(m.min_per_seq is None or m.min_per_seq >= 0, f"mask.min_per_seq={m.min_per_seq} must be >= 0 or null")
-    _check(0.0 < m.span.p < 1.0, f"mask.span.p={m.span.p} must be in (0, 1)")
-    _check(1 <= m.span.min_len <= m.span.max_len,
-           f"mask.span.min_len={m.span.min_len} and mask.span.max_len={m.span.max_len} need 1 <= min_len <= max_len")
-    _check(m.static_copies >= 1, f"mask.static_copies={m.static_copies} must be >= 1")
+    mask_config(m)  # the group's own rules (mlmlab.masking.config.MaskConfig)
     build_schedule(m)
     sampler = m.sampler if isinstance(m.sampler, DictConfig) else None
     _check(sampler is not None and bool(sampler.get("_target_")),
            "mask.sampler needs a _target_ (see conf/mask/sampler/: uniform, unigram, domain)")
+    check_target_keys("mask.sampler", sampler, given=("ctx",))
     if "alpha" in sampler:
         _check(sampler.alpha >= 0, f"mask.sampler.alpha={sampler.alpha} must be >= 0")
     if "mix" in sampler:
@@ -489,6 +452,28 @@ def validate_mask(m: DictConfig) -> None:
         _check((sampler.get("word_list") is None) != (sampler.get("corpus") is None),
                "mask.sampler=domain needs exactly one of mask.sampler.word_list (a file of domain terms) or "
                "mask.sampler.corpus (a domain text corpus)")
+
+
+def check_target_keys(key: str, node: DictConfig, given: tuple[str, ...] = ()) -> None:
+    """A ``_target_`` node's keys are its target's parameters (the constructor is that node's schema): a typo
+    (``+mask.sampler.alpah=0.5``) is a ConfigError naming the key and the allowed ones, before any data work.
+    ``given``: parameters the job passes itself (the sampler's data context)."""
+    import inspect
+
+    from hydra.utils import get_object
+
+    target = str(node.get("_target_"))
+    try:
+        params = inspect.signature(get_object(target)).parameters
+    except Exception as e:  # not importable, or not a callable
+        raise ConfigError(f"{key}._target_={target} cannot be used ({type(e).__name__}: {e})") from None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    allowed = [p for p in params if p not in ("self", *given)]
+    for k in node:
+        if not str(k).startswith("_") and k not in allowed:
+            raise ConfigError(f"{key}.{k} is not a parameter of {target.rsplit('.', 1)[-1]}; allowed: "
+                              f"{', '.join(allowed)}")
 
 
 def validate_objective(o: DictConfig, model: DictConfig) -> None:
@@ -609,8 +594,8 @@ def validate(cfg: DictConfig) -> None:
             from mlmlab.data.vocab_stats import find_data_path
 
             find_data_path(str(sampler.get(key)), cfg.paths.get("data_dir"), f"mask.sampler.{key}")
-    _check_rate("eval.rate", cfg.eval.rate)
-    _check_replace("eval.replace", cfg.eval.replace)
+    _owned(check_rate, "eval.rate", cfg.eval.rate)
+    _owned(ReplaceConfig(**OmegaConf.to_container(cfg.eval.replace)).check, "eval.replace")
     units = eval_units(cfg)
     _check(bool(units) and all(u in EVAL_UNITS for u in units) and len(set(units)) == len(units),
            f"eval.units={units} must be a non-empty list of distinct units (or null: [token]); allowed: "

@@ -14,7 +14,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mlmlab.config import ConfigError, FinetuneJobConfig, check_known_keys, validate_downstream
-from mlmlab.train import Job, config_errors_in_one_line, finetune_runs, start_wandb, trainer_kwargs
+from mlmlab.job import Job, config_errors_in_one_line, finetune_runs, start_wandb, trainer_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def _body(cfg: DictConfig, job: Job, loaded: dict) -> dict[str, float]:
                                          lm=lm)
     record.set(downstream=report)
     if cfg.downstream.random_init_baseline:  # the untrained encoder the checkpoint's pretraining started from
-        from mlmlab.train import random_init_baseline
+        from mlmlab.baseline import random_init_baseline
 
         metrics.update(random_init_baseline(cfg, tok, encoder_cfg, metrics, record, ckpt_info["config"]["seed"]))
     save_predictions(out_dir, record)

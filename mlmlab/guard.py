@@ -98,7 +98,7 @@ class Guard(pl.Callback):
             self.log_path.write_text("".join(ln + "\n" for ln in keep))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self._after_save_due:  # e.g. wait for the W&B log to reach the disk (mlmlab.train.wandb_barrier)
+        if self._after_save_due:  # e.g. wait for the W&B log to reach the disk (mlmlab.job.wandb_barrier)
             self._after_save_due = False
             for hook in self.after_save:
                 hook()

@@ -353,8 +353,8 @@ def _bench_table(spec: dict, root: Path) -> str:
     line saying where it was measured."""
     bench_dir = root / "benchmarks"
     name = spec["bench"]
-    if name not in ("masking", "step", "data", "e2e"):
-        raise ReportError(f"bench: {name!r} is not known; allowed: masking, step, data, e2e")
+    if name not in ("masking", "step", "data", "e2e", "time_to_pay"):
+        raise ReportError(f"bench: {name!r} is not known; allowed: masking, step, data, e2e, time_to_pay")
     sys.path.insert(0, str(bench_dir))  # report.py imports its sibling _common
     try:
         mod_spec = importlib.util.spec_from_file_location("mlmlab_bench_report", bench_dir / "report.py")
@@ -362,10 +362,17 @@ def _bench_table(spec: dict, root: Path) -> str:
         mod_spec.loader.exec_module(mod)
     finally:
         sys.path.remove(str(bench_dir))
-    p = mod.load(bench_dir / "results", spec.get("file", f"bench_{name}"))
-    if p is None:
-        raise ReportError(f"benchmarks/results/{spec.get('file', f'bench_{name}')}.json does not exist")
-    return f"{getattr(mod, name)(p)}\n\nMeasured on: {mod.where(p)}"
+    files = spec.get("files") or [spec.get("file", f"bench_{name}")]
+    loaded = [mod.load(bench_dir / "results", f) for f in files]
+    missing = [f for f, p in zip(files, loaded) if p is None]
+    if missing:
+        raise ReportError(f"benchmarks/results/{missing[0]}.json does not exist")
+    body = getattr(mod, name)(loaded if len(loaded) > 1 else loaded[0])
+    if len(loaded) == 1:
+        return f"{body}\n\nMeasured on: {mod.where(loaded[0])}"
+    where = "; ".join(dict.fromkeys(mod.where(p).rsplit("; ", 1)[0] for p in loaded))  # the date apart
+    dates = sorted(str(p.get("created_at", "?")) for p in loaded)
+    return f"{body}\n\nMeasured on: {where}; {dates[0]} to {dates[-1]}"
 
 
 KINDS = {"runs": _runs_table, "compare": _compare_table, "items": _items_table, "bench": None, "findings": None}

@@ -10,118 +10,31 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import hydra
-from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
-from mlmlab.config import ConfigError, eval_units, to_container, validate
-from mlmlab.sweep import clear_running, global_rank, mark_running
+from mlmlab.baseline import random_init_baseline, unigram_reference
+from mlmlab.build import build_module, build_recipe, eval_suffix, model_record
+from mlmlab.config import ConfigError, eval_units, validate
+from mlmlab.job import (
+    Job,
+    completed_metrics,
+    config_errors_in_one_line,
+    finetune_runs,
+    start_wandb,
+    trainer_kwargs,
+    wandb_barrier,
+    wandb_group,
+)
 
 log = logging.getLogger(__name__)
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
-
-
-def hydra_info() -> dict:
-    """What Hydra knows about this job (empty outside Hydra, e.g. when a test calls ``train`` directly)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if not HydraConfig.initialized():
-        return {}
-    hc = HydraConfig.get()
-    multirun = hc.mode == RunMode.MULTIRUN
-    n_jobs = hc.launcher.get("n_jobs") if multirun else None  # the joblib launcher: jobs at once (-1: one per core)
-    return {"overrides": list(hc.overrides.task), "override_dirname": hc.job.override_dirname, "multirun": multirun,
-            "sweep_dir": hc.sweep.dir if multirun else None, "job_num": hc.job.num if multirun else None,
-            "parallel_jobs": (os.cpu_count() if n_jobs == -1 else n_jobs) if isinstance(n_jobs, int) else None}
-
-
-def eval_suffix(rate: float, unit: str = "token") -> str:
-    """The fixed-mask metrics' suffix: ``r15`` (token masks at 15%), ``r15w`` (whole-word masks)."""
-    return f"r{round(rate * 100, 2):g}" + {"token": "", "word": "w"}[unit]
-
-
-def wandb_group(cfg: DictConfig, info: dict) -> str:
-    w = cfg.logger.wandb
-    return (w.group if w is not None and w.group else
-            "sweep_" + str(info["sweep_dir"]).strip("/").replace("/", "_") if info.get("multirun") else "single")
-
-
-def start_wandb(cfg: DictConfig, config: dict, info: dict, out_dir: Path, job_type: str = "pretrain",
-                group: str | None = None, name_prefix: str = "", run_id: str | None = None):
-    """The job's W&B run. ``run_id``: a resumed job continues the W&B run of the checkpoint it resumes -- online with
-    ``resume="allow"``; offline W&B cannot resume (it warns and ignores it), so the resumed job writes a second offline
-    log under the same id, which ``wandb sync`` uploads into the same run and mlmlab.analysis reads as one history."""
-    w = cfg.logger.wandb
-    if w is None or w.mode == "disabled":
-        return None
-    import wandb
-
-    group = group or wandb_group(cfg, info)
-    name = name_prefix + (w.name or info.get("override_dirname") or "default")
-    resume = {"id": run_id, **({"resume": "allow"} if w.mode == "online" else {})} if run_id else {}
-    return wandb.init(project=w.project, entity=w.entity, mode=w.mode, group=group, job_type=job_type, name=name,
-                      tags=list(w.tags), config=config, dir=str(out_dir), reinit="create_new", **resume,
-                      settings=wandb.Settings(console="off", x_disable_stats=True,
-                                              x_transaction_log_flush_interval=float(w.get("flush_seconds", 2.0))))
-
-
-def wandb_barrier(run, flush_seconds: float) -> None:
-    """Return once what the job logged to W&B so far is in the run's ``.wandb`` file on disk: reading the summary is a
-    round trip to the W&B service (which handles records in order, so every earlier history row has been handled),
-    then one flush interval of the service's log writer passes."""
-    try:
-        list(run.summary.keys())
-    except Exception as e:  # never fail a checkpoint over W&B
-        log.debug("W&B summary round trip failed (%s: %s)", type(e).__name__, e)
-    time.sleep(flush_seconds + 0.1)
-
-
-def finish_wandb(run, exit_code: int) -> None:
-    """Finish the job's W&B run and wait until its files are complete on disk. ``run.finish()`` only informs the W&B
-    service, which closes (and flushes) the run's ``.wandb`` log asynchronously, so a reader right after the job could
-    find it truncated; tearing the service down (when no other run is active in this process) waits for that."""
-    import wandb
-
-    run.finish(exit_code=exit_code)
-    wl = getattr(run, "_wl", None)
-    if getattr(wl, "most_recent_active_run", None) is None:  # a property: the newest unfinished run
-        wandb.teardown()
-
-
-def finetune_runs(cfg: DictConfig, config: dict, info: dict, out_dir: Path, group: str | None, parent: str,
-                  prefix: str = ""):
-    """``downstream.wandb_runs=true``: a factory of one W&B run per fine-tuning (task, lr, seed), else None."""
-    if not cfg.downstream.get("wandb_runs") or cfg.logger.wandb is None or cfg.logger.wandb.mode == "disabled":
-        return None
-
-    def make(task: str, lr: float, seed: int):
-        c = {**config, "finetune_run": {"task": task, "lr": lr, "seed": seed, "parent": parent}}
-        try:
-            return start_wandb(cfg, c, info, out_dir, job_type="finetune", group=group,
-                               name_prefix=f"{prefix}{task}:lr{lr:g}:seed{seed}:")
-        except Exception as e:  # W&B is never the only copy: the fine-tuning goes on without its run
-            log.error("W&B run for %s lr=%g seed=%d failed to start (%s: %s); continuing without it", task, lr, seed,
-                      type(e).__name__, e)
-            return None
-
-    return make
-
-
-def trainer_kwargs(cfg: DictConfig) -> dict:
-    t = cfg.trainer
-    from mlmlab.hardware import resolve_precision
-
-    return {"accelerator": t.accelerator, "precision": resolve_precision(t.precision, t.accelerator),
-            "deterministic": t.deterministic,
-            "enable_progress_bar": t.enable_progress_bar}
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -147,134 +60,6 @@ def check_job(cfg: DictConfig) -> None:
         raise ConfigError(f"downstream=none was chosen, but a preset sets downstream.tasks={list(cfg.downstream.tasks)}"
                           " after it; for pretraining only use downstream.tasks=[]")
     validate(cfg)
-
-
-def completed_metrics(cfg: DictConfig) -> dict[str, float] | None:
-    """The metrics of ``<paths.output_dir>/results.json`` if it is a finished run of this same config, else None."""
-    import json
-
-    path = Path(cfg.paths.output_dir).expanduser() / "results.json"
-    if not path.exists():
-        return None
-    try:
-        r = json.loads(path.read_text())
-        now = to_container(cfg)
-    except Exception as e:  # a truncated record (results.json is written atomically, so only by hand) or a bad config
-        log.warning("skip_completed: %s is not readable (%s); running the job", path, e)
-        return None
-    if r.get("status") != "ok" or "downstream/score" not in (r.get("metrics") or {}):
-        log.info("skip_completed: %s is %s; running the job again", path, r.get("status"))
-        return None
-    from mlmlab.checkpoint import COMPLETED_FREE, config_diff
-
-    changed = config_diff(r.get("config"), now, COMPLETED_FREE)
-    if changed:
-        log.warning("skip_completed: %s was run with a different config (%s differ); running the job again", path,
-                    ", ".join(k for k, _, _ in changed))
-        return None
-    log.info("skip_completed: %s is complete; not running this job again", path)
-    return r["metrics"]
-
-
-class Job:
-    """The frame of every job (pretraining, fine-tuning a checkpoint), as a context manager::
-
-        with Job(cfg, validate) as job:      # check(cfg) before any work; a bad config: failed record, ConfigError
-            metrics = ...                     # job.config, job.info, job.out_dir, job.record; job.run = the W&B run
-            return job.done(metrics)          # results.json ok, written before W&B is finished
-
-    Leaving the block with an exception writes a failed ``results.json`` (the error and whatever was recorded) and
-    re-raises; W&B is finished whatever happens, and a W&B failure never fails a finished job."""
-
-    def __init__(self, cfg: DictConfig, check):
-        from mlmlab.results import RunRecord
-
-        self.cfg, self.check = cfg, check
-        self.info = hydra_info()
-        self.out_dir = Path(cfg.paths.output_dir).expanduser()
-        from mlmlab.lit import quiet_library_noise
-
-        quiet_library_noise()
-        set_job_threads(cfg, self.info)  # before the record notes torch's threads
-        self.record = RunRecord(self.out_dir, _safe_container(cfg), self.info.get("overrides"))
-        self.rank = global_rank()
-        if self.rank:  # results.json and the running marker are rank 0's; another rank's outcome is kept beside them
-            self.record.filename = f"results.rank{self.rank}.json"
-        self.config: dict = {}
-        self.run = None  # the W&B run, once the job has started it
-        self.ok = False
-
-    def __enter__(self) -> Job:
-        try:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            if self.rank == 0:  # first: a sweep's summary tells this running job (even while checking) from a killed one
-                mark_running(self.out_dir)
-            self.check(self.cfg)  # fail fast: nothing below runs on a bad config
-            self.config = to_container(self.cfg)
-            self.record.set(config=self.config)
-        except BaseException as e:
-            self._failed(e)
-            if self.rank == 0:
-                clear_running(self.out_dir)
-            raise
-        return self
-
-    def done(self, metrics: dict[str, float]) -> dict[str, float]:
-        self.record.set(status="ok", metrics=metrics)
-        self.record.write()  # before W&B is finished: the local record never depends on W&B
-        self.ok = True
-        return metrics
-
-    def _failed(self, e: BaseException) -> None:
-        self.record.fail(e)
-        path = self.record.write()
-        log.error("job failed (%s: %s); record written to %s", type(e).__name__, e, path)
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        try:
-            if exc is not None:
-                self._failed(exc)
-        finally:
-            if self.rank == 0:
-                clear_running(self.out_dir)
-            self._finish_wandb()
-        return False
-
-    def _finish_wandb(self) -> None:
-        if self.run is None:
-            return
-        try:
-            if self.ok:
-                self.run.summary.update({k: v for k, v in self.record.data["metrics"].items()})
-                self.run.summary.update({f"timings/{k}": v for k, v in self.record.data["timings_s"].items()})
-        except Exception as e:  # results.json is already written: a W&B failure must not fail a finished job
-            log.error("W&B summary failed (%s: %s); results.json has the record", type(e).__name__, e)
-        finally:
-            try:
-                finish_wandb(self.run, 0 if self.ok else 1)
-            except Exception as e:
-                log.error("W&B finish failed (%s: %s); results.json has the record", type(e).__name__, e)
-
-
-def set_job_threads(cfg: DictConfig, info: dict) -> None:
-    """``trainer.threads`` (mlmlab.hardware.job_threads)."""
-    from mlmlab.config import valid_threads
-    from mlmlab.hardware import apply_threads, job_threads
-
-    setting = cfg.trainer.get("threads", "auto") if "trainer" in cfg else "auto"
-    if valid_threads(setting):  # a bad value fails in the job's check(cfg)
-        threads, warning = job_threads(setting, info.get("parallel_jobs"))
-        if warning:
-            log.warning("trainer.threads=%s: %s", setting, warning)
-        if threads is not None:
-            apply_threads(threads)
-
-
-def _safe_container(cfg: DictConfig) -> dict:
-    try:
-        return to_container(cfg)
-    except Exception:  # an unresolvable interpolation must not hide the real error
-        return OmegaConf.to_container(cfg, resolve=False)
 
 
 @dataclass
@@ -489,7 +274,6 @@ def calibrate_budget(cfg: DictConfig, encoder_cfg: dict, data: Data, masking: Ma
     return max_steps, budget
 
 
-
 def build_pretraining(cfg: DictConfig, config: dict, info: dict, out_dir: Path, record, data: Data, masking: MaskingPlan,
                       dm, encoder_cfg: dict, max_steps: int, budget: dict, run):
     """Stage 6: the pretraining module, its guard (checkpoints, non-finite losses, resume state), the evaluation
@@ -674,224 +458,6 @@ def calibrate_seconds(cfg: DictConfig, encoder_cfg: dict, recipe, dm) -> dict:
     return calibrate_steps(lambda: build_module(cfg, encoder_cfg, 1000, recipe), dm.train_set, dm.val_set,
                            cfg.data.batch_size, cfg.data.val_batch_size, kw, float(t.budget.seconds),
                            t.val_check_interval)
-
-
-def random_init_baseline(cfg: DictConfig, tok, encoder_cfg: dict, ft: dict, record, seed: int) -> dict[str, float]:
-    """``downstream.random_init_baseline=true``: the same downstream protocol (tasks, lr grid chosen on its own, seeds)
-    on the encoder the pretraining started from, untrained (the init of ``seed``, as ``objective=none`` gets it). Returns
-    ``random_init/<task>/...`` and the paired gains ``gain/<task>/...`` (mlmlab.downstream.paired_gain)."""
-    import torch
-    from pytorch_lightning.utilities.seed import isolate_rng
-
-    from mlmlab.downstream import paired_gain, run_downstream, task_runs
-    from mlmlab.models.encoder import BertForMLM, CausalLM, EncoderConfig
-
-    with isolate_rng():
-        torch.manual_seed(seed)
-        c = EncoderConfig(**encoder_cfg)
-        model = CausalLM(c) if c.causal else BertForMLM(c)
-        state = {k: v.detach().clone() for k, v in model.bert.state_dict().items()}
-    def compute() -> tuple[dict, dict]:
-        return run_downstream(cfg, tok, encoder_cfg, state, {**trainer_kwargs(cfg), "devices": 1}, lm=model)
-
-    with record.timer("finetune_random_init"):
-        if cfg.downstream.reuse_random_init:
-            base, report, reused = cached_random_init(cfg, tok, encoder_cfg, seed, compute)
-            if reused:
-                report = {**report, "reused_from": reused}
-                log.info("random-init baseline: reused %s (same tokenizer, encoder, seed and protocol)", reused)
-        else:
-            base, report = compute()
-    record.set(downstream_random_init=report)
-    mains = {key: spec.main_metric for key, spec, _ in task_runs(cfg)}
-    gain = paired_gain(ft, base, mains, list(cfg.downstream.seeds)) if cfg.downstream.protocol != "probe" else {}
-    gain.update(zeroshot_gain(record.data.get("downstream") or {}, report))
-    log.info("random-init baseline: %s", {k: round(v, 4) for k, v in {**base, **gain}.items() if "seed_" not in k})
-    probe = {f"gain_probe/{k.split('/', 1)[1]}": ft[k] - base[k] for k in ft if k.startswith("probe/") and k in base}
-    renamed = {("random_init_probe/" if k.startswith("probe/") else "random_init/") + k.split("/", 1)[1]: v
-               for k, v in base.items()}
-    return {**renamed, **gain, **probe}
-
-
-def cached_random_init(cfg: DictConfig, tok, encoder_cfg: dict, seed: int, compute) -> tuple[dict, dict, str | None]:
-    """The random-init row once per sweep: its metrics and report (per-item predictions included) cached under a hash
-    of everything it depends on -- the tokenizer, the encoder's shape, the init seed, the data config (built-in tasks
-    are generated from it), the whole downstream protocol and its code's version, the precision and the CPU kind
-    (:func:`mlmlab.hardware.cpu_kind`) -- so the jobs of a sweep that share them
-    (15% vs 40% masking at the same seed, say) fine-tune the untrained encoder once. Returns (metrics, report, the
-    cache path when it was reused, else None)."""
-    import hashlib
-    import json
-
-    from mlmlab.data.cache import cached_file
-    from mlmlab.data.tasks import data_root
-
-    ds = {k: v for k, v in to_container(cfg)["downstream"].items() if k not in ("wandb_runs", "reuse_random_init")}
-    from mlmlab.downstream import PROTOCOL_VERSION
-    from mlmlab.hardware import cpu_kind
-
-    key = {"kind": "random_init_v2", "tokenizer_sha": hashlib.sha256(tok.to_str().encode()).hexdigest(),
-           "encoder": encoder_cfg, "seed": seed, "downstream": ds, "data": to_container(cfg)["data"],
-           "data_dir": str(data_root(cfg)), "precision": trainer_kwargs(cfg)["precision"],
-           "protocol": PROTOCOL_VERSION, "cpu": cpu_kind()}  # the same job moves ~1 point between CPU kinds
-    built = False
-
-    def build(tmp: Path) -> None:
-        nonlocal built
-        base, report = compute()
-        tmp.write_text(json.dumps({"metrics": base, "report": report}, default=str))
-        built = True
-
-    path = cached_file(cfg.paths.cache_dir, "random_init", key, "random_init.json", build)
-    data = json.loads(path.read_text())
-    return data["metrics"], data["report"], None if built else str(path)
-
-
-def zeroshot_gain(pretrained: dict, baseline: dict) -> dict[str, float]:
-    """Minimal-pairs tasks: ``gain/<task>/acc`` (pretrained minus random init) and ``gain/<task>/acc_p``, the exact
-    McNemar test on the same pairs (mlmlab.zeroshot.mcnemar)."""
-    from mlmlab.zeroshot import mcnemar
-
-    out: dict[str, float] = {}
-    for task, rep in pretrained.items():
-        if rep.get("kind") != "minimal_pairs" or task not in baseline:
-            continue
-        parse = lambda items: [None if c == "-" else int(c) for c in items]  # noqa: E731
-        test = mcnemar(parse(rep["predictions"]["items"]), parse(baseline[task]["predictions"]["items"]))
-        out[f"gain/{task}/acc"] = rep["acc"] - baseline[task]["acc"]
-        out[f"gain/{task}/acc_p"] = test["p"]
-        rep["vs_random_init"] = test
-    return out
-
-
-def unigram_reference(counts, labels) -> dict[str, float]:
-    """The unigram plateau an MLM must leave: ``unigram_entropy`` of the training tokens (nats) and ``unigram_loss_eval``,
-    the cross-entropy of that unigram distribution (add-one smoothed) on the fixed evaluation targets -- what
-    ``val/mlm_loss_*`` would read for a model that ignores the context."""
-
-    c = counts.double()
-    p = c[c > 0] / c.sum()
-    targets = labels[labels != -100].long()
-    q = (c + 1) / (c.sum() + len(c))
-    return {"unigram_entropy": float(-(p * p.log()).sum()),
-            "unigram_loss_eval": float(-q[targets].log().mean()) if targets.numel() else float("nan")}
-
-
-def build_module(cfg: DictConfig, encoder_cfg: dict, max_steps: int, recipe=None):
-    """The pretraining LightningModule of ``cfg.objective`` (objective=none: an MLM module that is never trained, so the
-    random-init encoder gets the same fixed-mask evaluation and downstream path). ``recipe``: the run's
-    ``MaskingRecipe`` (stage 2); None builds it from ``mask.*`` without data (samplers that need no corpus statistics)."""
-    from mlmlab.lit.clm import CLMModule
-    from mlmlab.lit.electra import ElectraModule
-    from mlmlab.lit.mlm import MLMModule
-
-    optim = OmegaConf.to_container(cfg.optim)
-    if cfg.objective.name == "clm":
-        from mlmlab.data.tokenizer import PAD
-
-        return CLMModule(encoder_cfg, optim, max_steps, PAD)
-    if recipe is None:
-        recipe = recipe_without_data(cfg, encoder_cfg["vocab_size"])
-    cls = ElectraModule if cfg.objective.name == "electra" else MLMModule
-    return cls(encoder_cfg, recipe, optim, cfg.seed, max_steps, eval_suffix(cfg.eval.rate, eval_units(cfg)[0]),
-               objective=OmegaConf.to_container(cfg.objective))
-
-
-def build_recipe(cfg: DictConfig, ctx, train_blocks: dict | None = None):
-    """``mask.*`` -> the run's MaskingRecipe: the one builder (the replacement sampler with its data-dependent checks,
-    the rate schedule, the masker). ``ctx``: the data context (``mlmlab.data.vocab_stats.make_sampler_context``) or,
-    without data, a plain ``SamplerContext`` (samplers that need no corpus statistics: uniform). ConfigError naming the
-    key."""
-    from mlmlab.config import build_schedule
-    from mlmlab.data.tokenizer import MASK
-    from mlmlab.masking import MaskingRecipe
-
-    sampler = build_sampler(cfg, ctx, train_blocks) if train_blocks is not None else instantiate_sampler(cfg, ctx)
-    try:
-        return MaskingRecipe.from_config(OmegaConf.to_container(cfg.mask), MASK, ctx.special_ids, sampler,
-                                         build_schedule(cfg.mask))
-    except ValueError as err:
-        raise ConfigError(str(err)) from err
-
-
-def recipe_without_data(cfg: DictConfig, vocab_size: int):
-    """A MaskingRecipe with no corpus behind it (benchmarks and standalone use; uniform-style samplers only)."""
-    from mlmlab.data.tokenizer import SPECIAL_TOKENS
-    from mlmlab.masking.replacement import SamplerContext
-
-    return build_recipe(cfg, SamplerContext(vocab_size, tuple(range(len(SPECIAL_TOKENS)))))
-
-
-def model_record(module, encoder_cfg: dict) -> dict:
-    """Parameter counts: the encoder being studied (what is fine-tuned), and the whole pretraining model."""
-    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731  (parameters() counts a tied tensor once)
-    rec = {"parameters": count(module.model), "encoder_parameters": count(module.encoder()), **encoder_cfg}
-    gen = getattr(module.model, "generator", None)
-    if gen is not None:
-        shared = {id(p) for p in module.encoder().parameters()}
-        rec["generator_parameters"] = sum(p.numel() for p in gen.parameters() if id(p) not in shared)
-        rec["generator"] = {k: getattr(gen.config, k) for k in ("hidden_size", "num_layers", "num_heads",
-                                                                 "intermediate_size")}
-    return rec
-
-
-def build_sampler(cfg: DictConfig, ctx, train_blocks: dict):
-    """The run's replacement sampler, with data-dependent checks of mask.*; raises ConfigError before training."""
-    from mlmlab.data.corpus import iter_rows
-
-    m = cfg.mask
-    if m.unit in ("word", "span"):
-        w = train_blocks.get("word_ids")
-        if w is None or not any(bool((c >= 0).any()) for c in iter_rows(w)):
-            raise ConfigError(f"mask.unit={m.unit} needs word ids, but the tokenized corpus has none; "
-                              "allowed with this data: mask.unit=token")
-    return instantiate_sampler(cfg, ctx)
-
-
-def instantiate_sampler(cfg: DictConfig, ctx):
-    """``mask.sampler`` (a ``_target_`` node) with the data context ``ctx``; ConfigError naming the sampler."""
-    from hydra.utils import instantiate
-
-    try:
-        return instantiate(cfg.mask.sampler, _partial_=True)(ctx=ctx)  # partial: ctx must not go through OmegaConf
-    except Exception as e:
-        cause = e.__cause__ or e
-        if isinstance(cause, ConfigError):
-            raise cause from e
-        raise ConfigError(f"mask.sampler ({cfg.mask.sampler.get('_target_')}): {cause}") from e
-
-
-class OneLineConfigError(ConfigError, CompactHydraException):
-    """A job's ConfigError leaving a multirun: Hydra prints a CompactHydraException as its message, without a traceback."""
-
-
-def config_errors_in_one_line(fn):
-    """A single run's ``ConfigError`` as one line on stderr (and the failed record's path) with exit code 2, instead of
-    Hydra's traceback; ``HYDRA_FULL_ERROR=1`` keeps the traceback. In a multirun the error is raised as before, so the
-    launcher records that job as failed and goes on with the others, and Hydra prints the error as one line (no
-    traceback) when the sweep ends."""
-    import functools
-    import sys
-
-    @functools.wraps(fn)
-    def wrapper(cfg):
-        try:
-            return fn(cfg)
-        except ConfigError as e:
-            from hydra.core.hydra_config import HydraConfig
-            from hydra.types import RunMode
-
-            multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
-                raise
-            if multirun:  # the launcher records the job as failed; Hydra prints this class as its message alone
-                raise OneLineConfigError(str(e)) from None
-            record = Path(cfg.paths.output_dir).expanduser() / "results.json"
-            where = f" (record: {record})" if record.exists() else ""
-            print(f"error: {e}{where}", file=sys.stderr)
-            raise SystemExit(2) from None
-
-    return wrapper
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

@@ -28,6 +28,49 @@ def pytest_configure(config):
         apply_threads(max(1, (os.cpu_count() or 1) // int(workers)))
 
 
+# what makes a test end-to-end: it runs a real job (in process or through the CLI) or uses a fixture that ran one
+_E2E_CALLS = ("run_cli(", "train(", "finetune(", "pretrain_job(", "finetune_job(", "subprocess.run(")
+_E2E_FIXTURES = {"tiny_sweep"}
+
+
+def _runs_a_job(src: str) -> bool:
+    return any(c in src for c in _E2E_CALLS)
+
+
+def _source(obj) -> str:
+    import inspect
+
+    obj = getattr(obj, "__wrapped__", None) or getattr(obj, "_fixture_function", None) or obj
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+def pytest_collection_modifyitems(config, items):
+    """The ``e2e`` marker, on every test that runs a real job -- from its source, the helpers of its module it calls
+    and the fixtures it uses -- so ``pytest -m "not e2e"`` is the unit tests alone and ``-m e2e`` the end-to-end ones;
+    ``slow`` marks the longest of those."""
+    import inspect
+
+    helpers: dict[str, set[str]] = {}  # module -> names of its functions and fixtures that run a job
+    for item in items:
+        mod = getattr(item, "module", None)
+        if mod is None:
+            continue
+        if mod.__name__ not in helpers:
+            names = set()
+            for name, obj in vars(mod).items():
+                if (inspect.isfunction(obj) or hasattr(obj, "_fixture_function") or hasattr(obj, "__wrapped__")) \
+                        and not name.startswith("test_") and _runs_a_job(_source(obj)):
+                    names.add(name)
+            helpers[mod.__name__] = names | _E2E_FIXTURES
+        src = _source(getattr(item, "function", None))
+        own = helpers[mod.__name__]
+        if _runs_a_job(src) or any(f"{h}(" in src for h in own) or own & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+
+
 # Fast, offline, quiet defaults for every test job (tiny model, few steps, small built-in corpus).
 FAST = ["debug=fast"]
 

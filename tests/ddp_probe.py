@@ -20,8 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest import FAST, make_cfg  # noqa: E402
 
+from mlmlab.build import build_module  # noqa: E402
 from mlmlab.data.datamodule import with_attention_mask  # noqa: E402
-from mlmlab.train import build_masking_plan, build_module, datamodule, encoder_config, prepare_data  # noqa: E402
+from mlmlab.train import build_masking_plan, datamodule, encoder_config, prepare_data  # noqa: E402
 
 STEPS = 3
 

@@ -10,10 +10,11 @@ import pytest
 import torch
 from conftest import SHARED
 
+from mlmlab import unigram_reference
 from mlmlab.config import ConfigError, validate
 from mlmlab.data.corpus import strip_html
 from mlmlab.downstream import paired_gain
-from mlmlab.train import train, unigram_reference
+from mlmlab.train import train
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -242,7 +243,7 @@ def test_a_resumed_seconds_budget_run_keeps_its_calibrated_step_count(cfg_factor
 def test_random_init_rows_are_reused_per_cpu_kind_and_protocol(cfg_factory, monkeypatch, tmp_path):
     """A second arm with the same seed, shape and protocol fine-tunes no random-init model; another CPU kind or
     another fine-tuning protocol version computes its own (the same job moves ~1 point between CPU kinds)."""
-    from mlmlab import downstream, hardware, train
+    from mlmlab import baseline, downstream, hardware
 
     cfg = cfg_factory(f"paths.cache_dir={tmp_path / 'cache'}")
 
@@ -256,14 +257,17 @@ def test_random_init_rows_are_reused_per_cpu_kind_and_protocol(cfg_factory, monk
         calls.append(1)
         return {"random_init/x/acc": 0.5 + 0.1 * len(calls)}, {"x": {"acc": 0.5}}
 
-    first = train.cached_random_init(cfg, Tok(), {"hidden": 8}, 0, compute)
-    again = train.cached_random_init(cfg, Tok(), {"hidden": 8}, 0, compute)
+    first = baseline.cached_random_init(cfg, Tok(), {"hidden": 8}, 0, compute)
+    again = baseline.cached_random_init(cfg, Tok(), {"hidden": 8}, 0, compute)
     assert len(calls) == 1 and again[0] == first[0] and again[2] is not None  # the second arm reused the row
+    other_batch = cfg_factory(f"paths.cache_dir={tmp_path / 'cache'}", "data.batch_size=8")  # how the corpus is loaded
+    assert baseline.cached_random_init(other_batch, Tok(), {"hidden": 8}, 0, compute)[2] is not None
+    assert len(calls) == 1
     monkeypatch.setattr(hardware, "cpu_kind", lambda: "another CPU")
-    train.cached_random_init(cfg, Tok(), {"hidden": 8}, 0, compute)
+    baseline.cached_random_init(cfg, Tok(), {"hidden": 8}, 0, compute)
     assert len(calls) == 2
     monkeypatch.setattr(downstream, "PROTOCOL_VERSION", downstream.PROTOCOL_VERSION + 1)
-    train.cached_random_init(cfg, Tok(), {"hidden": 8}, 0, compute)
+    baseline.cached_random_init(cfg, Tok(), {"hidden": 8}, 0, compute)
     assert len(calls) == 3
 
 

@@ -7,6 +7,7 @@ import torch
 from conftest import CONF_DIR
 from omegaconf import OmegaConf
 
+from mlmlab import build_recipe
 from mlmlab.config import ConfigError, build_schedule, validate
 from mlmlab.data import builtin
 from mlmlab.data.corpus import get_blocks
@@ -14,7 +15,7 @@ from mlmlab.data.vocab_stats import make_sampler_context
 from mlmlab.lit.mlm import MLMModule
 from mlmlab.masking.masker import IGNORE_INDEX
 from mlmlab.models.encoder import EncoderConfig
-from mlmlab.train import build_recipe, train
+from mlmlab.train import train
 
 PRESETS = sorted(p.stem for p in Path(CONF_DIR, "mask").glob("*.yaml"))
 QUICK = ["trainer.max_steps=3", "trainer.val_check_interval=3", "downstream.tasks=[]", "logger=none",

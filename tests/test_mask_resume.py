@@ -4,12 +4,12 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import OmegaConf
 
+from mlmlab import build_recipe
 from mlmlab.data.corpus import get_blocks
 from mlmlab.data.datamodule import PretrainDataModule, with_attention_mask
 from mlmlab.data.vocab_stats import make_sampler_context
 from mlmlab.lit.mlm import MLMModule
 from mlmlab.models.encoder import EncoderConfig
-from mlmlab.train import build_recipe
 
 
 class MaskTrace(pl.Callback):

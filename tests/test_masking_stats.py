@@ -25,11 +25,18 @@ from mlmlab.masking import (
     mask_seed,
     telemetry,
 )
+from mlmlab.masking.config import MaskConfig, ReplaceConfig, SpanConfig
 from mlmlab.masking.masker import IGNORE_INDEX, KEPT, MASKED, PREDICT_ONLY, RANDOM, BertMasker, splitmix64
 from mlmlab.masking.replacement import SamplerContext, UniformSampler
 
 V, MASK_ID = 1000, 4
 SIGMAS = 5.0  # two-sided 5-sigma bounds: a correct implementation fails with probability < 1e-6 per check
+
+
+def masker(*ratios, sampler=None, span_p=0.2, span_min=1, span_max=10, **kw) -> Masker:
+    """A Masker from ``mask.*`` fields (its one owner, MaskConfig): [MASK]/random/keep ratios, then any other field."""
+    return Masker(MASK_ID, MaskConfig(replace=ReplaceConfig(*ratios), span=SpanConfig(span_p, span_min, span_max), **kw),
+                  sampler)
 
 
 def uniform(v=V):
@@ -98,7 +105,7 @@ def test_realized_rate_over_1e5_candidates():
     ids, special, _ = batch(b=1024, t=128)
     n_el = int((~special).sum())
     assert n_el > 1e5
-    out = Masker(MASK_ID, sampler=uniform())(ids, special, 0.15, src(len(ids), 3))
+    out = masker(sampler=uniform())(ids, special, 0.15, src(len(ids), 3))
     assert within(int((out.labels != IGNORE_INDEX).sum()), n_el, 0.15)
 
 
@@ -108,7 +115,7 @@ def test_realized_rate_over_1e5_candidates():
 def test_exact_count_per_sequence():
     ids, special, _ = batch()
     for rate in (0.1, 0.15, 0.33):
-        out = Masker(MASK_ID, sampler=uniform(), count="exact")(ids, special, rate, src(len(ids), 1))
+        out = masker(sampler=uniform(), count="exact")(ids, special, rate, src(len(ids), 1))
         n_cand = (~special).sum(1).double()
         expected = torch.clamp(torch.floor(rate * n_cand + 0.5), min=1).long()
         assert torch.equal((out.labels != IGNORE_INDEX).sum(1), expected)
@@ -117,7 +124,7 @@ def test_exact_count_per_sequence():
 def test_prob_round_mean_count():
     ids, special, _ = batch(b=2000, t=40)
     rate = 0.13
-    out = Masker(MASK_ID, sampler=uniform(), count="prob_round")(ids, special, rate, src(len(ids), 2))
+    out = masker(sampler=uniform(), count="prob_round")(ids, special, rate, src(len(ids), 2))
     n_cand = (~special).sum(1).double()
     counts = (out.labels != IGNORE_INDEX).sum(1).double()
     x = rate * n_cand
@@ -133,11 +140,11 @@ def test_min_per_seq_never_leaves_a_sequence_without_target():
     ids[:, 0], ids[:, -1] = 2, 3
     special = ids < 5  # 4 candidates: 0.05 * 4 rounds to 0
     for count in ("exact", "prob_round"):
-        out = Masker(MASK_ID, sampler=uniform(), count=count)(ids, special, 0.05, src(500, 4))
+        out = masker(sampler=uniform(), count=count)(ids, special, 0.05, src(500, 4))
         assert ((out.labels != IGNORE_INDEX).sum(1) >= 1).all()
-    out = Masker(MASK_ID, sampler=uniform(), count="bernoulli")(ids, special, 0.05, src(500, 4))
+    out = masker(sampler=uniform(), count="bernoulli")(ids, special, 0.05, src(500, 4))
     assert telemetry(ids, special, out)["zero_target_seqs"] > 0.5  # HF behaviour: many sequences without targets
-    out = Masker(MASK_ID, sampler=uniform(), count="bernoulli", min_per_seq=2)(ids, special, 0.05, src(500, 4))
+    out = masker(sampler=uniform(), count="bernoulli", min_per_seq=2)(ids, special, 0.05, src(500, 4))
     assert ((out.labels != IGNORE_INDEX).sum(1) >= 2).all()
 
 
@@ -147,7 +154,7 @@ def test_min_per_seq_never_leaves_a_sequence_without_target():
 def test_predict_rate_above_corruption_rate():
     ids, special, _ = batch(b=256)
     n_el = int((~special).sum())
-    out = Masker(MASK_ID, sampler=uniform(), predict_rate=0.4)(ids, special, 0.15, src(len(ids), 5))
+    out = masker(sampler=uniform(), predict_rate=0.4)(ids, special, 0.15, src(len(ids), 5))
     predicted = out.labels != IGNORE_INDEX
     corrupted = (out.kind == MASKED) | (out.kind == RANDOM) | (out.kind == KEPT)
     assert within(int(predicted.sum()), n_el, 0.4)
@@ -160,7 +167,7 @@ def test_predict_rate_above_corruption_rate():
 def test_predict_rate_below_corruption_rate():
     ids, special, _ = batch(b=256)
     n_el = int((~special).sum())
-    out = Masker(MASK_ID, sampler=uniform(), predict_rate=0.1)(ids, special, 0.4, src(len(ids), 6))
+    out = masker(sampler=uniform(), predict_rate=0.1)(ids, special, 0.4, src(len(ids), 6))
     predicted = out.labels != IGNORE_INDEX
     corrupted = out.kind != 0
     assert within(int(predicted.sum()), n_el, 0.1) and within(int(corrupted.sum()), n_el, 0.4)
@@ -175,7 +182,7 @@ def test_predict_rate_below_corruption_rate():
 @pytest.mark.parametrize("count", ["bernoulli", "exact"])
 def test_units_never_split_a_word(unit, count):
     ids, special, wids = batch(b=32, t=96)
-    m = Masker(MASK_ID, sampler=uniform(), unit=unit, count=count)
+    m = masker(sampler=uniform(), unit=unit, count=count)
     out = m(ids, special, 0.2, src(len(ids), 7), word_ids=wids)
     for r, _, pos in word_spans(wids):
         kinds = out.kind[r, pos]
@@ -185,7 +192,7 @@ def test_units_never_split_a_word(unit, count):
 
 def test_word_unit_bernoulli_selects_words_at_rate():
     ids, special, wids = batch(b=256, t=128)
-    out = Masker(MASK_ID, sampler=uniform(), unit="word")(ids, special, 0.15, src(len(ids), 8), word_ids=wids)
+    out = masker(sampler=uniform(), unit="word")(ids, special, 0.15, src(len(ids), 8), word_ids=wids)
     words = word_spans(wids)
     n_sel = sum(int(out.labels[r, pos[0]] != IGNORE_INDEX) for r, _, pos in words)
     assert within(n_sel, len(words), 0.15)
@@ -195,7 +202,7 @@ def test_word_unit_bernoulli_selects_words_at_rate():
 def test_budget_respected_within_half_a_unit(unit, max_words_per_unit):
     ids, special, wids = batch(b=64, t=128, max_word=3)
     rate = 0.15
-    out = Masker(MASK_ID, sampler=uniform(), unit=unit, count="exact")(ids, special, rate, src(len(ids), 9),
+    out = masker(sampler=uniform(), unit=unit, count="exact")(ids, special, rate, src(len(ids), 9),
                                                                         word_ids=wids)
     n_cand = (~special).sum(1).double()
     budget = torch.floor(rate * n_cand + 0.5)
@@ -209,7 +216,7 @@ def test_span_lengths_are_truncated_geometric():
     # one piece per word: span coverage in words == tokens; long rows so spans rarely touch
     ids, special, _ = batch(b=400, t=256)
     wids = (torch.cumsum((~special).long(), 1) - 1).masked_fill(special, -1)
-    out = Masker(MASK_ID, sampler=uniform(), unit="span", count="exact")(ids, special, 0.05, src(len(ids), 10),
+    out = masker(sampler=uniform(), unit="span", count="exact")(ids, special, 0.05, src(len(ids), 10),
                                                                          word_ids=wids)
     sel = (out.labels != IGNORE_INDEX).int()
     starts = (sel[:, 1:] - sel[:, :-1] == 1).sum()
@@ -221,7 +228,7 @@ def test_span_lengths_are_truncated_geometric():
 def test_word_unit_requires_word_ids():
     ids, special, _ = batch(b=2, t=16)
     with pytest.raises(ValueError, match="word_ids"):
-        Masker(MASK_ID, sampler=uniform(), unit="word")(ids, special, 0.15, src(2, 0))
+        masker(sampler=uniform(), unit="word")(ids, special, 0.15, src(2, 0))
 
 
 # ---------------------------------------------------------------------------------------------- static masking
@@ -242,7 +249,7 @@ def test_splitmix64_matches_reference():
 def test_static_masks_independent_of_batching():
     ids, special, wids = batch(b=24, t=64)
     block_ids = torch.arange(100, 124)
-    m = Masker(MASK_ID, sampler=uniform(), unit="word")
+    m = masker(sampler=uniform(), unit="word")
 
     def run(rows):
         s = KeyedSource.for_blocks(0, block_ids[rows], 0)
@@ -310,9 +317,9 @@ def test_bad_masker_arguments_rejected():
     with pytest.raises(ValueError, match="sum to 1"):
         BertMasker(MASK_ID, 0.9, 0.1, 0.1, sampler=uniform())
     with pytest.raises(ValueError, match="mask.count"):
-        Masker(MASK_ID, sampler=uniform(), count="poisson")
+        masker(sampler=uniform(), count="poisson")
     with pytest.raises(ValueError, match="mask.unit"):
-        Masker(MASK_ID, sampler=uniform(), unit="phrase")
+        masker(sampler=uniform(), unit="phrase")
 
 
 # ------------------------------------------------------------------------------------------------ property tests
@@ -327,7 +334,7 @@ def test_bad_masker_arguments_rejected():
 def test_invariants(b, t, rate, unit, count, pred, seed, static, ratios):
     ids, special, wids = batch(b, t, seed=seed % 1000)
     ids = ids.int()
-    m = Masker(MASK_ID, *ratios, sampler=uniform(), unit=unit, count=count, predict_rate=pred)
+    m = masker(*ratios, sampler=uniform(), unit=unit, count=count, predict_rate=pred)
     source = KeyedSource.for_blocks(seed, torch.arange(b), 0) if static else src(b, seed)
     out = m(ids, special, rate, source, word_ids=wids)
     assert out.input_ids.shape == ids.shape and out.labels.shape == ids.shape and out.kind.shape == ids.shape

@@ -16,6 +16,7 @@ from mlmlab.config import ConfigError, validate
 from mlmlab.lit.mlm import TRAIN_STREAM
 from mlmlab.lit.optim import adamw_with_schedule
 from mlmlab.masking import GeneratorSource, Masker, make_generator
+from mlmlab.masking.config import MaskConfig, ReplaceConfig
 from mlmlab.masking.masker import IGNORE_INDEX, KEPT, MASKED, NOT_SELECTED, RANDOM
 from mlmlab.masking.replacement import SamplerContext, UniformSampler, UnigramSampler
 from mlmlab.models.encoder import BertForMLM, EncoderConfig
@@ -55,7 +56,7 @@ def test_cpu_masker_equals_the_dense_formula(sampler):
     s = {"uniform": lambda: UniformSampler(ctx), "uniform_exclude": lambda: UniformSampler(ctx, exclude_original=True),
          "unigram": lambda: UnigramSampler(ctx, alpha=0.5)}[sampler]()
     ids, special = batch()
-    m = Masker(4, 0.6, 0.3, 0.1, sampler=s)  # a large random share: many lookups
+    m = Masker(4, MaskConfig(replace=ReplaceConfig(0.6, 0.3, 0.1)), s)  # a large random share: many lookups
     for step in range(5):
         got = m(ids, special, 0.3, GeneratorSource(make_generator("cpu", 0, 0, step, 0), B, ids.device))
         want = dense_reference(ids, special, 0.3, 0.6, 0.3, s, make_generator("cpu", 0, 0, step, 0))
@@ -161,9 +162,9 @@ def test_ddp_two_processes_distinct_reproducible_masks_and_exact_synced_validati
     assert sorted(traces[0]) == sorted(traces[1]) == [0, 1, 2]
     from conftest import FAST, make_cfg
 
+    from mlmlab import build_recipe
     from mlmlab.data.corpus import get_blocks
     from mlmlab.data.vocab_stats import make_sampler_context
-    from mlmlab.train import build_recipe
 
     cfg = make_cfg([*FAST], tmp_path / "ref", cache_dir)
     tok, blocks = get_blocks(cfg)
@@ -196,3 +197,29 @@ def test_gpu_check_runs_on_its_cpu_path(tmp_path, cache_dir):
     assert set(rows) == {"ours", "hf"} and rows["ours"]["adamw"] == "fused"
     assert rows["hf"]["speedup_vs_hf"] == 1.0 and rows["ours"]["tokens_per_s"] > 0 and 0 < rows["ours"]["mfu_bf16"]
     assert out["e2e"]["results"]["status"] == "ok" and out["ddp"]["status"] == "ok"
+
+
+def test_time_to_pay_is_the_first_budget_whose_gain_is_above_zero_over_pretraining_seeds():
+    """benchmarks/bench_time_to_pay.py's rule on planted rows: a budget pays only when every seed's interval over
+    fine-tuning seeds and the interval over pretraining seeds are above the threshold; the table renders it."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_time_to_pay as ttp
+        import report as bench_report
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    a = ttp.parse_args(["--name", "t", "--labels", "500"])
+
+    def row(minutes, seed, gain, half):
+        return {"minutes": minutes, "seed": seed, "pretrain_min": minutes + 0.2, "steps": 100 * minutes,
+                "val_loss": 6.0, "gains": {"500": {"gain": gain, "low": gain - half, "high": gain + half}}}
+
+    rows = [row(5, 0, 0.02, 0.03), row(5, 1, 0.03, 0.03),   # each seed's interval covers 0: no
+            row(10, 0, 0.10, 0.02), row(10, 1, 0.30, 0.02),  # each above, but over 2 seeds [-1.07, +1.47]: no
+            row(20, 0, 0.15, 0.02), row(20, 1, 0.16, 0.02)]  # both: pays (above 0 and above the +5-point target)
+    s = ttp.summarize(a, rows)["by_labels"]["500"]
+    assert [b["pays_above_0"] for b in s["budgets"]] == [False, False, True]
+    assert s["time_to_pay"] == {"above_0": 20.2, "above_0.05": 20.2}
+    table = bench_report.time_to_pay({"overrides": ["experiment=real_en"], "labels": [500], "rows": rows,
+                                      "summary": {"by_labels": {"500": s}}, "machine": {"processor": "x"}})
+    assert "+15.5 [+9.1, +21.9] over 2 seeds: **pays**; target +5: met" in table and table.count("does not pay") == 2

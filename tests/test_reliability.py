@@ -332,8 +332,8 @@ def test_a_running_job_keeps_its_marker_s_heartbeat_until_it_ends(tmp_path):
 def test_a_ddp_rank_above_zero_keeps_its_record_beside_rank_zeros(cfg_factory, monkeypatch):
     """results.json and the running marker are rank 0's: another rank writes results.rank<N>.json and no marker, so
     a rank that ends first never stands in for the job's outcome."""
+    from mlmlab import Job
     from mlmlab.sweep import global_rank
-    from mlmlab.train import Job
 
     for var in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
@@ -513,6 +513,9 @@ def test_non_utf8_corpus_names_file_and_line(cfg_factory, tmp_path):
     validate(cfg)
     with pytest.raises(ConfigError, match=rf"data.path: {corpus}, line 3 \(byte 40\): not valid UTF-8"):
         get_blocks(cfg)
+    cache = tmp_path / "cache"
+    left = [p for p in cache.rglob("*") if p.name == ".lock" or (p.is_dir() and p.parent != cache and not any(p.iterdir()))]
+    assert not left, left  # found at the first read, nothing left behind (was: an entry folder holding only its lock)
 
 
 def test_check_utf8_across_chunk_boundaries(tmp_path):

@@ -104,11 +104,11 @@ def records(sweep):
 
 
 def test_sequential_sweep_stops_by_itself_on_a_planted_effect(tmp_path, cache_dir):
-    """Real jobs: 20 steps against 10 doubles the tokens seen (the primary here, a planted effect with no noise); the
-    rule decides at the first look, so the second round's seeds never run."""
+    """Real jobs through the core-splitting launcher: 20 steps against 10 doubles the tokens seen (the primary here, a
+    planted effect with no noise); the rule decides at the first look, so the second round's seeds never run."""
     sweep = tmp_path / "planted"
     p = run_cli([*JOB, "trainer.max_steps=10,20", "analysis.primary=budget/tokens", "analysis.sequential.max_seeds=4",
-                 f"hydra.sweep.dir={sweep}"], cache_dir)
+                 "hydra/launcher=cores", f"hydra.sweep.dir={sweep}"], cache_dir)  # a round's 2 jobs at once
     assert p.returncode == 0, p.stderr[-3000:]
     assert len(records(sweep)) == 4  # 2 arms x the first round's 2 seeds
     s = json.loads((sweep / "summary.json").read_text())["sequential"]

@@ -109,6 +109,26 @@ def cached_file(cache_dir: str | Path, kind: str, key: dict, filename: str, buil
         if manifest is not None and verify_entry(target, manifest) is None:
             return target
     d.mkdir(parents=True, exist_ok=True)
+    try:
+        return _build_locked(d, kind, key, filename, build)
+    except BaseException:  # a failed build (a corpus that is not UTF-8, say) leaves no empty entry or lock behind
+        _drop_if_empty(d)
+        raise
+
+
+def _drop_if_empty(d: Path) -> None:
+    """Remove an entry folder that holds nothing but its lock file (another job's build in progress keeps it: its
+    temporary file is there)."""
+    try:
+        if {p.name for p in d.iterdir()} <= {".lock"}:
+            (d / ".lock").unlink(missing_ok=True)
+            d.rmdir()
+    except OSError:
+        pass
+
+
+def _build_locked(d: Path, kind: str, key: dict, filename: str, build: Callable[[Path], None]) -> Path:
+    target = d / filename
     with FileLock(str(d / ".lock")):
         if target.exists():  # again under the lock: another job may have rebuilt it meanwhile
             manifest = _read_manifest(d)

@@ -25,18 +25,16 @@ The masking axes (``mask.*``):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
+from mlmlab.masking.config import COUNT_RULES, UNITS, MaskConfig, ReplaceConfig  # noqa: F401  (the group's owner)
 from mlmlab.models.encoder import IGNORE_INDEX  # the loss's ignore label, defined once
 
 NOT_SELECTED, MASKED, RANDOM, KEPT, PREDICT_ONLY = 0, 1, 2, 3, 4
-UNITS = ("token", "word", "span")
-COUNT_RULES = ("bernoulli", "exact", "prob_round")
 
 # draw tags: every random decision of the masker reads its own stream
 _T_SELECT, _T_ROUND, _T_BINOM, _T_SPLIT, _T_REPLACE, _T_RANDOM_ID, _T_SPAN_LEN = range(1, 8)
@@ -126,30 +124,24 @@ def _truncated_geometric_cdf(p: float, lo: int, hi: int) -> torch.Tensor:
 class Masker:
     """The masking function of one run. Call with a batch, the current rate and a random source."""
 
-    def __init__(self, mask_token_id: int, mask: float = 0.8, random: float = 0.1, keep: float = 0.1, sampler=None,
-                 count: str = "bernoulli", unit: str = "token", min_per_seq: int | None = None,
-                 predict_rate: float | None = None, span_p: float = 0.2, span_min: int = 1, span_max: int = 10):
-        if min(mask, random, keep) < 0 or abs(mask + random + keep - 1.0) > 1e-6:
-            raise ValueError(f"replacement ratios must be >= 0 and sum to 1, got mask={mask} random={random} keep={keep}")
-        if count not in COUNT_RULES:
-            raise ValueError(f"mask.count={count!r} is not known; allowed: {', '.join(COUNT_RULES)}")
-        if unit not in UNITS:
-            raise ValueError(f"mask.unit={unit!r} is not known; allowed: {', '.join(UNITS)}")
-        if random > 0 and sampler is None:
+    def __init__(self, mask_token_id: int, cfg: MaskConfig | None = None, sampler=None):
+        """``cfg``: the ``mask.*`` group (:class:`MaskConfig`, whose rules ran when it was built; None: its defaults);
+        ``sampler``: the random-replacement sampler built from ``mask.sampler``."""
+        cfg = MaskConfig() if cfg is None else cfg
+        if cfg.replace.random > 0 and sampler is None:
             raise ValueError("a sampler is required when mask.replace.random > 0")
-        if not 0 < span_p < 1 or not 1 <= span_min <= span_max:
-            raise ValueError(f"mask.span: p={span_p} must be in (0, 1) and 1 <= min_len={span_min} <= max_len={span_max}")
-        if predict_rate is not None and not 0 < predict_rate < 1:
-            raise ValueError(f"mask.predict_rate={predict_rate} must be in (0, 1) or null (= mask.rate)")
+        self.cfg = cfg
         self.mask_token_id = mask_token_id
-        self.p_mask, self.p_random = float(mask), float(random)
-        self.sampler, self.count, self.unit = sampler, count, unit
-        self.min_per_seq = (0 if count == "bernoulli" else 1) if min_per_seq is None else int(min_per_seq)
-        if self.min_per_seq < 0:
-            raise ValueError(f"mask.min_per_seq={min_per_seq} must be >= 0")
-        self.predict_rate = predict_rate
-        self.span_min, self.span_max = span_min, span_max
-        self._span_cdf = _truncated_geometric_cdf(span_p, span_min, span_max)
+        self.p_mask, self.p_random = float(cfg.replace.mask), float(cfg.replace.random)
+        self.sampler, self.count, self.unit = sampler, cfg.count, cfg.unit
+        self.min_per_seq = cfg.min_units
+        self.predict_rate = cfg.predict_rate
+        self.span_min, self.span_max = cfg.span.min_len, cfg.span.max_len
+        self._span_cdf = _truncated_geometric_cdf(cfg.span.p, cfg.span.min_len, cfg.span.max_len)
+
+    @classmethod
+    def from_config(cls, cfg: MaskConfig, mask_token_id: int, sampler=None) -> Masker:
+        return cls(mask_token_id, cfg, sampler)
 
     # ------------------------------------------------------------------ units
     def _units(self, special: torch.Tensor, word_ids: torch.Tensor | None):
@@ -300,9 +292,9 @@ class Masker:
 
 def BertMasker(mask_token_id: int, mask: float, random: float, keep: float, sampler,  # noqa: N802
                unit: str = "token") -> Masker:
-    """BERT's recipe: units (tokens, or whole words) selected independently with probability ``rate``, then 80/10/10
-    (the fixed eval masks)."""
-    return Masker(mask_token_id, mask, random, keep, sampler=sampler, unit=unit)
+    """BERT's recipe: units (tokens, or whole words) selected independently with probability ``rate``, then the
+    given [MASK]/random/keep split (the fixed eval masks)."""
+    return Masker(mask_token_id, MaskConfig(unit=unit, replace=ReplaceConfig(mask, random, keep)), sampler)
 
 
 @dataclass(frozen=True)
@@ -319,19 +311,12 @@ class MaskingRecipe:
     static_copies: int = 1
 
     @classmethod
-    def from_config(cls, mask: Mapping[str, Any], mask_token_id: int, special_ids: Sequence[int], sampler,
+    def from_config(cls, mask: MaskConfig, mask_token_id: int, special_ids: Sequence[int], sampler,
                     schedule: Callable[[int, int], float]) -> MaskingRecipe:
-        """The one place ``mask.*`` (the whole group as a plain mapping, every key present: the config schema's
-        defaults are the only defaults) becomes a :class:`Masker`; ``sampler`` and ``schedule`` are the objects built
-        from ``mask.sampler`` / ``mask.schedule``."""
-        r, sp = mask["replace"], mask["span"]
-        masker = Masker(mask_token_id, r["mask"], r["random"], r["keep"], sampler=sampler, count=mask["count"],
-                        unit=mask["unit"], min_per_seq=mask["min_per_seq"], predict_rate=mask["predict_rate"],
-                        span_p=sp["p"], span_min=sp["min_len"], span_max=sp["max_len"])
-        if int(mask["static_copies"]) < 1:
-            raise ValueError(f"mask.static_copies={mask['static_copies']} must be >= 1")
-        return cls(masker, schedule, tuple(int(i) for i in special_ids), bool(mask["dynamic"]),
-                   int(mask["static_copies"]))
+        """``mask.*`` (a :class:`MaskConfig`) -> the recipe; ``sampler`` and ``schedule`` are the objects built from
+        ``mask.sampler`` / ``mask.schedule``."""
+        return cls(Masker.from_config(mask, mask_token_id, sampler), schedule, tuple(int(i) for i in special_ids),
+                   mask.dynamic, mask.static_copies)
 
 
 def telemetry(original: torch.Tensor, special_tokens_mask: torch.Tensor, out: MaskedBatch) -> dict[str, torch.Tensor]:

@@ -1,0 +1,120 @@
+"""The random-init baseline of a job: the same downstream protocol on the untrained encoder of the job's seed, its
+cache (once per tokenizer, shape, seed, protocol, precision and CPU kind: shared by every arm and sweep), and the
+paired gains over it."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from mlmlab.config import to_container
+from mlmlab.job import trainer_kwargs
+
+log = logging.getLogger(__name__)
+# data.* keys that only say how the pretraining corpus is loaded: the random-init row does not depend on them, so arms
+# that differ only there (data.batch_size=16 against 32) share it
+LOADER_ONLY = ("batch_size", "val_batch_size", "num_workers", "num_proc", "max_val_blocks")
+
+
+def random_init_baseline(cfg: DictConfig, tok, encoder_cfg: dict, ft: dict, record, seed: int) -> dict[str, float]:
+    """``downstream.random_init_baseline=true``: the same downstream protocol (tasks, lr grid chosen on its own, seeds)
+    on the encoder the pretraining started from, untrained (the init of ``seed``, as ``objective=none`` gets it). Returns
+    ``random_init/<task>/...`` and the paired gains ``gain/<task>/...`` (mlmlab.downstream.paired_gain)."""
+    import torch
+    from pytorch_lightning.utilities.seed import isolate_rng
+
+    from mlmlab.downstream import paired_gain, run_downstream, task_runs
+    from mlmlab.models.encoder import BertForMLM, CausalLM, EncoderConfig
+
+    with isolate_rng():
+        torch.manual_seed(seed)
+        c = EncoderConfig(**encoder_cfg)
+        model = CausalLM(c) if c.causal else BertForMLM(c)
+        state = {k: v.detach().clone() for k, v in model.bert.state_dict().items()}
+    def compute() -> tuple[dict, dict]:
+        return run_downstream(cfg, tok, encoder_cfg, state, {**trainer_kwargs(cfg), "devices": 1}, lm=model)
+
+    with record.timer("finetune_random_init"):
+        if cfg.downstream.reuse_random_init:
+            base, report, reused = cached_random_init(cfg, tok, encoder_cfg, seed, compute)
+            if reused:
+                report = {**report, "reused_from": reused}
+                log.info("random-init baseline: reused %s (same tokenizer, encoder, seed and protocol)", reused)
+        else:
+            base, report = compute()
+    record.set(downstream_random_init=report)
+    mains = {key: spec.main_metric for key, spec, _ in task_runs(cfg)}
+    gain = paired_gain(ft, base, mains, list(cfg.downstream.seeds)) if cfg.downstream.protocol != "probe" else {}
+    gain.update(zeroshot_gain(record.data.get("downstream") or {}, report))
+    log.info("random-init baseline: %s", {k: round(v, 4) for k, v in {**base, **gain}.items() if "seed_" not in k})
+    probe = {f"gain_probe/{k.split('/', 1)[1]}": ft[k] - base[k] for k in ft if k.startswith("probe/") and k in base}
+    renamed = {("random_init_probe/" if k.startswith("probe/") else "random_init/") + k.split("/", 1)[1]: v
+               for k, v in base.items()}
+    return {**renamed, **gain, **probe}
+
+
+def cached_random_init(cfg: DictConfig, tok, encoder_cfg: dict, seed: int, compute) -> tuple[dict, dict, str | None]:
+    """The random-init row once per sweep: its metrics and report (per-item predictions included) cached under a hash
+    of everything it depends on -- the tokenizer, the encoder's shape, the init seed, the data config (built-in tasks
+    are generated from it), the whole downstream protocol and its code's version, the precision and the CPU kind
+    (:func:`mlmlab.hardware.cpu_kind`) -- so the jobs of a sweep that share them
+    (15% vs 40% masking at the same seed, say) fine-tune the untrained encoder once. Returns (metrics, report, the
+    cache path when it was reused, else None)."""
+    import hashlib
+    import json
+
+    from mlmlab.data.cache import cached_file
+    from mlmlab.data.tasks import data_root
+
+    ds = {k: v for k, v in to_container(cfg)["downstream"].items() if k not in ("wandb_runs", "reuse_random_init")}
+    from mlmlab.downstream import PROTOCOL_VERSION
+    from mlmlab.hardware import cpu_kind
+
+    key = {"kind": "random_init_v2", "tokenizer_sha": hashlib.sha256(tok.to_str().encode()).hexdigest(),
+           "encoder": encoder_cfg, "seed": seed, "downstream": ds,
+           "data": {k: v for k, v in to_container(cfg)["data"].items() if k not in LOADER_ONLY},
+           "data_dir": str(data_root(cfg)), "precision": trainer_kwargs(cfg)["precision"],
+           "protocol": PROTOCOL_VERSION, "cpu": cpu_kind()}  # the same job moves ~1 point between CPU kinds
+    built = False
+
+    def build(tmp: Path) -> None:
+        nonlocal built
+        base, report = compute()
+        tmp.write_text(json.dumps({"metrics": base, "report": report}, default=str))
+        built = True
+
+    path = cached_file(cfg.paths.cache_dir, "random_init", key, "random_init.json", build)
+    data = json.loads(path.read_text())
+    return data["metrics"], data["report"], None if built else str(path)
+
+
+def zeroshot_gain(pretrained: dict, baseline: dict) -> dict[str, float]:
+    """Minimal-pairs tasks: ``gain/<task>/acc`` (pretrained minus random init) and ``gain/<task>/acc_p``, the exact
+    McNemar test on the same pairs (mlmlab.zeroshot.mcnemar)."""
+    from mlmlab.zeroshot import mcnemar
+
+    out: dict[str, float] = {}
+    for task, rep in pretrained.items():
+        if rep.get("kind") != "minimal_pairs" or task not in baseline:
+            continue
+        parse = lambda items: [None if c == "-" else int(c) for c in items]  # noqa: E731
+        test = mcnemar(parse(rep["predictions"]["items"]), parse(baseline[task]["predictions"]["items"]))
+        out[f"gain/{task}/acc"] = rep["acc"] - baseline[task]["acc"]
+        out[f"gain/{task}/acc_p"] = test["p"]
+        rep["vs_random_init"] = test
+    return out
+
+
+def unigram_reference(counts, labels) -> dict[str, float]:
+    """The unigram plateau an MLM must leave: ``unigram_entropy`` of the training tokens (nats) and ``unigram_loss_eval``,
+    the cross-entropy of that unigram distribution (add-one smoothed) on the fixed evaluation targets -- what
+    ``val/mlm_loss_*`` would read for a model that ignores the context."""
+
+    c = counts.double()
+    p = c[c > 0] / c.sum()
+    targets = labels[labels != -100].long()
+    q = (c + 1) / (c.sum() + len(c))
+    return {"unigram_entropy": float(-(p * p.log()).sum()),
+            "unigram_loss_eval": float(-q[targets].log().mean()) if targets.numel() else float("nan")}
