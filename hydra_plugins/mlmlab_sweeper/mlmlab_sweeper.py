@@ -88,7 +88,11 @@ class MlmlabSweeper(BasicSweeper):
         return any(o.split("=", 1)[0].lstrip("+") == "skip_completed" for o in self.config.hydra.overrides.task)
 
     def _with_skip(self, jobs):
-        return [list(j) if self._forced() else [*j, "skip_completed=true"] for j in jobs]
+        """``skip_completed=true`` on every job of a ``mlmlab.train`` multirun (a config without the key, e.g.
+        ``mlmlab.finetune``'s, is left as it is), unless the command line set it."""
+        if "skip_completed" not in self.config or self._forced():
+            return [list(j) for j in jobs]
+        return [[*j, "skip_completed=true"] for j in jobs]
 
     def sweep(self, arguments: list[str]) -> Any:
         from mlmlab import rounds
