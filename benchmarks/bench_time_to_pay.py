@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from _common import REPO_ROOT, format_table, machine, versions, write_result
-from report import TARGETS  # the gain's lower bound to reach, by label budget (+5 points at 500, +3 at 4,000)
+from report import TARGETS, over_seeds, pays  # the targets: the gain's lower bound to reach by label budget
 
 
 def parse_args(argv=None):
@@ -107,22 +107,18 @@ def row(a, job: dict) -> dict:
 
 def summarize(a, rows: list[dict]) -> dict:
     sys.path.insert(0, str(REPO_ROOT))
-    from mlmlab.stats import mean_interval
-
     per = {}
     for n in ([] if a.screen else a.labels):
         thresholds = sorted({0.0, TARGETS.get(n, 0.0)})
         budgets = []
         for minutes in sorted({r["minutes"] for r in rows}):
-            rs = [r for r in rows if r["minutes"] == minutes and r["gains"][str(n)]["gain"] is not None]
-            gains = [r["gains"][str(n)]["gain"] for r in rs]
-            iv = mean_interval(gains) if len(gains) >= 2 else None
-            entry = {"minutes": minutes, "seeds": len(gains), "pretrain_min": max(r["pretrain_min"] for r in rs),
+            rs = [r for r in rows if r["minutes"] == minutes]
+            iv, lows = over_seeds(rs, n)
+            gains = [r["gains"][str(n)]["gain"] for r in rs if r["gains"][str(n)]["gain"] is not None]
+            entry = {"minutes": minutes, "seeds": len(lows), "pretrain_min": max(r["pretrain_min"] for r in rs),
                      "mean_gain": sum(gains) / len(gains) if gains else None,
                      "low": iv.low if iv else None, "high": iv.high if iv else None}
-            for th in thresholds:
-                entry[f"pays_above_{th:g}"] = bool(iv is not None and iv.low > th
-                                                   and all((r["gains"][str(n)]["low"] or -1) > th for r in rs))
+            entry.update({f"pays_above_{th:g}": pays(iv, lows, th) for th in thresholds})
             budgets.append(entry)
         per[str(n)] = {"budgets": budgets, "time_to_pay": {
             f"above_{th:g}": next((b["pretrain_min"] for b in budgets if b[f"pays_above_{th:g}"]), None)

@@ -98,14 +98,26 @@ def _gain(g: dict | None) -> str:
     return f"{100 * g['gain']:+.1f}{iv}"
 
 
+def over_seeds(rows: list[dict], n: int):
+    """The gain at ``n`` labels over the pretraining seeds of ``rows``: its 95% t interval (None below 2 seeds) and
+    each seed's own lower bound (over fine-tuning seeds, given that encoder)."""
+    from mlmlab.stats import mean_interval
+
+    gs = [g for g in ((r["gains"].get(str(n)) or {}) for r in rows) if g.get("gain") is not None]
+    return (mean_interval([g["gain"] for g in gs]) if len(gs) >= 2 else None), [g.get("low") for g in gs]
+
+
+def pays(iv, lows: list, threshold: float = 0.0) -> bool:
+    """The time-to-pay rule: the interval over pretraining seeds and every seed's own interval above ``threshold``."""
+    return iv is not None and iv.low > threshold and all(low is not None and low > threshold for low in lows)
+
+
 def time_to_pay(payloads: dict | list[dict]) -> str:
     """``bench_time_to_pay.py``: one row per (recipe, budget, pretraining seed) -- minutes actually pretrained, steps,
     the fixed-mask loss, and per label budget the gain over random init in points with its 95% interval over
     fine-tuning seeds (given that encoder) -- then per (recipe, budget), over every file that ran it (a confirmation
     on other seeds joins the seeds it confirms), the gain's 95% t interval over the pretraining seeds (the unit) and
     whether it pays: every seed's interval and the one over seeds above 0."""
-    from mlmlab.stats import mean_interval
-
     payloads = payloads if isinstance(payloads, list) else [payloads]
     labels = sorted({n for p in payloads if not p.get("screen") for n in p.get("labels", [])})
     head = ["recipe", "budget, min", "seed", "pretrained, min", "steps", "val/mlm_loss_r15",
@@ -123,24 +135,22 @@ def time_to_pay(payloads: dict | list[dict]) -> str:
                          f"{r['val_loss']:.3f}", *[_gain(r["gains"].get(str(n))) for n in labels]])
         cells = []
         for n in labels:
-            gs = [r["gains"].get(str(n)) or {} for r in rs]
-            vals = [g["gain"] for g in gs if g.get("gain") is not None]
-            if len(vals) < 2:
+            iv, lows = over_seeds(rs, n)
+            if iv is None:
                 cells.append("-")
                 continue
-            iv = mean_interval(vals)
-            reach = sum(1 for g in gs if g.get("low") is None or g["low"] <= 0)
+            reach = sum(1 for low in lows if low is None or low <= 0)
             if iv.low <= 0:
-                pays = "does not pay"
+                verdict = "does not pay"
             elif reach:
-                pays = f"**pays over seeds**; {reach} of {len(gs)} seeds' own intervals reach 0"
+                verdict = f"**pays over seeds**; {reach} of {len(lows)} seeds' own intervals reach 0"
             else:
-                pays = "**pays**"
+                verdict = "**pays**"
             target = TARGETS.get(n)
             goal = (f"; target +{100 * target:g}: {'met' if iv.low > target else 'not met'}"
                     if target is not None and iv.low > 0 else "")
-            cells.append(f"{100 * iv.mean:+.1f} [{100 * iv.low:+.1f}, {100 * iv.high:+.1f}] over {len(vals)} seeds: "
-                         f"{pays}{goal}")
+            cells.append(f"{100 * iv.mean:+.1f} [{100 * iv.low:+.1f}, {100 * iv.high:+.1f}] over {len(lows)} seeds: "
+                         f"{verdict}{goal}")
         if any(c != "-" for c in cells):
             rows.append([recipe, f"{minutes:g}", "all", "", "", "", *cells])
     cpus = "; ".join(sorted({p.get("cpu") or p["machine"]["processor"] for p in payloads}))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mlmlab import stats
@@ -41,10 +41,10 @@ class Plan:
     arms: list[tuple[str, ...]]
     seeds: list[int]
     question: stats.Question
-    looks: tuple[int, ...] = field(default=())
 
-    def __post_init__(self):
-        self.looks = self.question.sequential.looks()
+    @property
+    def looks(self) -> tuple[int, ...]:
+        return self.question.sequential.looks()
 
     def round_jobs(self, k: int, active: Sequence[int]) -> list[Job]:
         """Round ``k`` (0-based): the seeds from the previous look to this one, for the baseline and ``active`` arms,

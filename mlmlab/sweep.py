@@ -45,20 +45,17 @@ def grid(config) -> list[list[str]]:
     ``analysis.sequential``, every job its rounds may run (:mod:`mlmlab.rounds`). Empty for another sweeper (e.g.
     Optuna, whose trials are drawn as it runs)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from hydra_plugins.mlmlab_sweeper.mlmlab_sweeper import grid_overrides, sequential_plan
 
     sweeper = str(config.hydra.sweeper.get("_target_", ""))
     if not sweeper.endswith(("BasicSweeper", "MlmlabSweeper")):
         return []
-    if sweeper.endswith("MlmlabSweeper"):
-        from hydra_plugins.mlmlab_sweeper.mlmlab_sweeper import sequential_plan
-
-        p = sequential_plan(config, list(config.hydra.overrides.task))
-        if p is not None:
-            return [list(j.overrides) for j in p.all_jobs()]
-    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
-    overrides = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
-    return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+    task = list(config.hydra.overrides.task)
+    p = sequential_plan(config, task) if sweeper.endswith("MlmlabSweeper") else None
+    if p is not None:
+        return [list(j.overrides) for j in p.all_jobs()]
+    return [job for batch in BasicSweeper.split_arguments(grid_overrides(config, task), None) for job in batch]
 
 
 def validate_grid(config) -> None:

@@ -58,18 +58,21 @@ def question(config):
     return Question(**OmegaConf.to_container(a, resolve=True))
 
 
+def grid_overrides(config, arguments: list[str], config_loader=None):
+    """The grid's parsed overrides as the basic sweeper reads them: a ``+sweep=`` file's ``hydra.sweeper.params``,
+    then the command line's."""
+    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    return OverridesParser.create(config_loader=config_loader).parse_overrides([*params, *arguments])
+
+
 def sequential_plan(config, arguments: list[str], config_loader=None):
-    """The :class:`mlmlab.rounds.Plan` of a multirun whose config declares ``analysis.sequential`` (None otherwise):
-    the command line's overrides and the sweep file's params, as the basic sweeper reads them."""
+    """The :class:`mlmlab.rounds.Plan` of a multirun whose config declares ``analysis.sequential`` (None otherwise)."""
     from mlmlab import rounds
 
     q = question(config)
     if q is None:
         return None
-    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
-    parsed = OverridesParser.create(config_loader=config_loader).parse_overrides([*params, *arguments])
-    fixed, swept = split_grid(parsed)
-    return rounds.plan(fixed, swept, q)
+    return rounds.plan(*split_grid(grid_overrides(config, arguments, config_loader)), q)
 
 
 def _output_dir(ret) -> Path:
@@ -80,9 +83,6 @@ def _output_dir(ret) -> Path:
 
 
 class MlmlabSweeper(BasicSweeper):
-    def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None) -> None:
-        super().__init__(max_batch_size=max_batch_size, params=params)
-
     def _forced(self) -> bool:
         """``skip_completed=...`` given on the command line: the user's word, not the sweeper's default."""
         return any(o.split("=", 1)[0].lstrip("+") == "skip_completed" for o in self.config.hydra.overrides.task)
