@@ -16,7 +16,7 @@ Rows (median time per batch after warmup; CPU at each thread count, then the GPU
 - ``hf_call``: ``collator(examples)`` on a list of dicts of Python lists (what a ``datasets.Dataset`` yields), and
   ``hf_call_tensors`` on a list of dicts of tensors (a dataset in torch format).
 - ``step``: one ``training_step`` (masking included) + backward + gradient clipping (1.0, trainer default) + AdamW +
-  LR-scheduler step of the default ``small`` model, built by ``mlmlab.train.build_module`` from the composed config.
+  LR-scheduler step of the default ``small`` model, built by ``mlmlab.build.build_module`` from the composed config.
 
 HF's collator builds its probability tensors on the CPU, so it has no GPU row (in training it runs in DataLoader
 workers); on the GPU we report ours and the step (fp32 and bf16 autocast, as ``trainer=gpu``).
@@ -120,11 +120,12 @@ def compose(model: str):
 
 def build(cfg, vocab: int):
     """The pretraining module of the run (``mask=bert``: uniform sampler, constant schedule) and its optimizer."""
+    from mlmlab.build import build_module, eval_suffix, recipe_without_data
     from mlmlab.models.encoder import EncoderConfig
-    from mlmlab.train import build_module
 
     encoder_cfg = EncoderConfig.from_model_cfg(cfg.model, vocab).to_dict()
-    module = build_module(cfg, encoder_cfg, cfg.trainer.max_steps)
+    module = build_module(cfg.objective, cfg.optim, cfg.seed, eval_suffix(cfg.eval.rate), encoder_cfg,
+                          cfg.trainer.max_steps, recipe_without_data(cfg.mask, vocab))
     module.train()
     opt = module.configure_optimizers()
     return module, opt["optimizer"], opt["lr_scheduler"]["scheduler"]

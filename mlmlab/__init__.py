@@ -3,7 +3,7 @@
 The public API (what tests, notebooks and scripts import; loaded on first use, so ``import mlmlab`` stays light)::
 
     from mlmlab import pretrain_job, finetune_job        # one job from a composed config (python -m mlmlab.train / .finetune)
-    from mlmlab import compose                            # the job's config from overrides, as the CLI composes it
+    from mlmlab import compose, typed                     # a job's config as the CLI composes it; typed: as dataclasses
     from mlmlab import load_runs, aggregate, question     # a sweep's records -> tables -> verdicts over pretraining seeds
     from mlmlab import build_recipe, build_module, Job    # the pieces: masking recipe, pretraining module, job frame
 
@@ -24,6 +24,7 @@ _API = {
     "build_recipe": ("mlmlab.build", "build_recipe"),
     "build_module": ("mlmlab.build", "build_module"),
     "Job": ("mlmlab.job", "Job"),
+    "typed": ("mlmlab.config", "typed"),
     "random_init_baseline": ("mlmlab.baseline", "random_init_baseline"),
     "unigram_reference": ("mlmlab.baseline", "unigram_reference"),
 }

@@ -34,7 +34,7 @@ def random_init_baseline(cfg: DictConfig, tok, encoder_cfg: dict, ft: dict, reco
         model = CausalLM(c) if c.causal else BertForMLM(c)
         state = {k: v.detach().clone() for k, v in model.bert.state_dict().items()}
     def compute() -> tuple[dict, dict]:
-        return run_downstream(cfg, tok, encoder_cfg, state, {**trainer_kwargs(cfg), "devices": 1}, lm=model)
+        return run_downstream(cfg, tok, encoder_cfg, state, {**trainer_kwargs(cfg.trainer), "devices": 1}, lm=model)
 
     with record.timer("finetune_random_init"):
         if cfg.downstream.reuse_random_init:
@@ -75,7 +75,7 @@ def cached_random_init(cfg: DictConfig, tok, encoder_cfg: dict, seed: int, compu
     key = {"kind": "random_init_v2", "tokenizer_sha": hashlib.sha256(tok.to_str().encode()).hexdigest(),
            "encoder": encoder_cfg, "seed": seed, "downstream": ds,
            "data": {k: v for k, v in to_container(cfg)["data"].items() if k not in LOADER_ONLY},
-           "data_dir": str(data_root(cfg)), "precision": trainer_kwargs(cfg)["precision"],
+           "data_dir": str(data_root(cfg)), "precision": trainer_kwargs(cfg.trainer)["precision"],
            "protocol": PROTOCOL_VERSION, "cpu": cpu_kind()}  # the same job moves ~1 point between CPU kinds
     built = False
 

@@ -108,9 +108,10 @@ ModelConfig = _model_schema()
 EVAL_UNITS = ("token", "word")  # eval.units: the fixed evaluation masks' units
 
 
-def eval_units(cfg) -> list[str]:
-    """``eval.units`` with its null default resolved (``[token]``): the one reading of the key."""
-    return ["token"] if cfg.eval.get("units") is None else list(cfg.eval.units)
+def eval_units(e) -> list[str]:
+    """``eval.units`` (of the ``eval`` group ``e``) with its null default resolved (``[token]``): the one reading of
+    the key."""
+    return ["token"] if e.units is None else list(e.units)
 
 
 @dataclass
@@ -419,11 +420,13 @@ def mask_config(node) -> MaskConfig:
         raise ConfigError(str(getattr(e, "__cause__", None) or e)) from None
 
 
-def build_schedule(mask: DictConfig):
+def build_schedule(mask):
     """Instantiate ``mask.schedule`` (a ``_target_`` node) and check it keeps the rate in (0, 1) over the whole run."""
+    from collections.abc import Mapping
+
     from hydra.utils import instantiate
 
-    target = mask.schedule.get("_target_") if isinstance(mask.schedule, DictConfig) else None
+    target = mask.schedule.get("_target_") if isinstance(mask.schedule, (DictConfig, Mapping)) else None
     _check(bool(target), "mask.schedule needs a _target_ (see conf/mask/schedule/: constant, linear, cosine, step, piecewise)")
     try:
         sched = instantiate(mask.schedule)
@@ -596,7 +599,7 @@ def validate(cfg: DictConfig) -> None:
             find_data_path(str(sampler.get(key)), cfg.paths.get("data_dir"), f"mask.sampler.{key}")
     _owned(check_rate, "eval.rate", cfg.eval.rate)
     _owned(ReplaceConfig(**OmegaConf.to_container(cfg.eval.replace)).check, "eval.replace")
-    units = eval_units(cfg)
+    units = eval_units(cfg.eval)
     _check(bool(units) and all(u in EVAL_UNITS for u in units) and len(set(units)) == len(units),
            f"eval.units={units} must be a non-empty list of distinct units (or null: [token]); allowed: "
            f"{', '.join(EVAL_UNITS)}")
@@ -765,6 +768,24 @@ def to_container(cfg: DictConfig) -> dict:
     c = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     c.pop("hydra", None)
     return c
+
+
+def plain(node) -> dict:
+    """A group as a plain dict, whether it is the composed node (DictConfig) or its typed owner (a dataclass)."""
+    import dataclasses
+
+    if isinstance(node, DictConfig):
+        return OmegaConf.to_container(node, resolve=True)
+    return dataclasses.asdict(node) if dataclasses.is_dataclass(node) else dict(node)
+
+
+def typed(cfg: DictConfig):
+    """The composed, validated config as its typed schema (``TrainConfig``, ``FinetuneJobConfig``): the one conversion,
+    at a job's entry; below it each stage takes the groups it uses."""
+    if "hydra" in cfg:  # a config composed with Hydra's own node (tests, notebooks): the job's part only
+        cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+        OmegaConf.set_struct(cfg, True)
+    return OmegaConf.to_object(cfg)
 
 
 def resolve_path(p: str | None) -> Path | None:

@@ -62,12 +62,14 @@ def _body(cfg: DictConfig, job: Job, loaded: dict) -> dict[str, float]:
             tasks[name].load(cfg)
         check_label_budgets(cfg)
     # named after the pretraining run dir, so the fine-tunes of a sweep's checkpoints stay apart in its group
-    job.run = start_wandb(cfg, config, info, out_dir, job_type="finetune", group=ckpt_info.get("wandb_group"),
+    w = cfg.logger.wandb
+    job.run = start_wandb(w, config, info, out_dir, job_type="finetune", group=ckpt_info.get("wandb_group"),
                                name_prefix=f"ft:{ckpt_path.parent.parent.name}:")
     with record.timer("finetune"):
         metrics, report = run_downstream(cfg, tok, encoder_cfg, enc_state,
-                                         {**trainer_kwargs(cfg), "devices": 1},
-                                         finetune_runs(cfg, config, info, out_dir, ckpt_info.get("wandb_group"),
+                                         {**trainer_kwargs(cfg.trainer), "devices": 1},
+                                         finetune_runs(w, cfg.downstream.wandb_runs, config, info, out_dir,
+                                                       ckpt_info.get("wandb_group"),
                                                        f"ft:{ckpt_path.parent.parent.name}",
                                                        prefix=f"ft:{ckpt_path.parent.parent.name}:"),
                                          lm=lm)

@@ -15,6 +15,8 @@ each against FlopCounterMode):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 
 def encoder_forward_flops(batch: int, seq: int, hidden: int, layers: int, intermediate: int) -> float:
@@ -62,22 +64,38 @@ def clm_step_flops(model, vocab: int, batch: int, seq: int, token_frac: float) -
     return 3.0 * (enc + head)
 
 
-def step_flops(cfg, vocab: int, predict_frac: float, candidate_frac: float, token_frac: float) -> float:
-    """FLOPs of one optimizer step of ``cfg.objective``: every micro-batch of a gradient-accumulation step, on every
-    data-parallel process."""
-    t = cfg.trainer
-    b, s, name = cfg.data.batch_size * t.accumulate_grad_batches * world_size(t), cfg.data.max_seq_len, cfg.objective.name
-    if name == "electra":
-        return electra_step_flops(cfg.model, cfg.objective, vocab, b, s, predict_frac, candidate_frac)
-    if name == "clm":
-        return clm_step_flops(cfg.model, vocab, b, s, token_frac)
-    return mlm_step_flops(cfg.model, vocab, b, s, predict_frac)  # (objective=none never gets here: no steps)
+@dataclass
+class StepCost:
+    """What one optimizer step computes: ``objective.*`` and ``model.*`` (the shapes), the tokens of a step (``batch``
+    = data.batch_size x accumulation x data-parallel processes, ``seq`` = data.max_seq_len), and the share of positions
+    each head sees -- the predicted share from the rate ``schedule`` over the run (or ``predict_rate``),
+    ``candidate_frac`` (real non-special tokens: what masking can select), ``token_frac`` (real next-token targets)."""
+    model: Any
+    objective: Any
+    vocab: int
+    batch: int
+    seq: int
+    schedule: Any
+    predict_rate: float | None
+    candidate_frac: float
+    token_frac: float = 1.0
+
+    def flops(self, steps: int) -> float:
+        """FLOPs of one step of a run of ``steps`` steps (the mean rate of a schedule depends on the run's length)."""
+        predict = mean_predict_rate(self.schedule, self.predict_rate, steps) * self.candidate_frac
+        b, s, name = self.batch, self.seq, self.objective.name
+        if name == "electra":
+            return electra_step_flops(self.model, self.objective, self.vocab, b, s, predict, self.candidate_frac)
+        if name == "clm":
+            return clm_step_flops(self.model, self.vocab, b, s, self.token_frac)
+        return mlm_step_flops(self.model, self.vocab, b, s, predict)  # (objective=none never gets here: no steps)
 
 
-def mean_predict_rate(schedule, mask_cfg, total_steps: int) -> float:
-    """Average predicted fraction over a run of ``total_steps`` (the schedule's mean, or predict_rate if set)."""
-    if mask_cfg.predict_rate is not None:
-        return float(mask_cfg.predict_rate)
+def mean_predict_rate(schedule, predict_rate: float | None, total_steps: int) -> float:
+    """Average predicted fraction over a run of ``total_steps`` (the schedule's mean, or ``mask.predict_rate`` if
+    set)."""
+    if predict_rate is not None:
+        return float(predict_rate)
     n = max(1, min(total_steps, 1000))
     return sum(schedule(int(i * total_steps / n), total_steps) for i in range(n)) / n
 
@@ -98,18 +116,12 @@ def world_size(t) -> int:
     return max(1, n) * t.num_nodes
 
 
-def steps_for_budget(cfg, vocab: int, schedule, candidate_frac: float, token_frac: float = 1.0,
-                     steps: int | None = None) -> tuple[int, dict]:
-    """``trainer.max_steps`` unless ``trainer.budget.tokens`` or ``.flops`` is set, or ``steps`` is given (a seconds
-    budget's calibrated count); returns (steps, accounting).
-
-    ``candidate_frac``: share of block positions that are real non-special tokens (what masking can select);
-    ``token_frac``: share of next-token positions that are real (causal LM targets)."""
-    t, d = cfg.trainer, cfg.data
-    if cfg.objective.name == "none":
+def steps_for_budget(t, cost: StepCost, steps: int | None = None) -> tuple[int, dict]:
+    """``trainer.max_steps`` (of ``trainer.*``, ``t``) unless ``trainer.budget.tokens`` or ``.flops`` is set, or
+    ``steps`` is given (a seconds budget's calibrated count); returns (steps, accounting)."""
+    if cost.objective.name == "none":
         return 0, {"steps": 0, "tokens": 0, "flops_per_step": 0.0, "flops": 0.0}
-    world = world_size(t)
-    tokens_per_step = d.batch_size * d.max_seq_len * t.accumulate_grad_batches * world
+    tokens_per_step = cost.batch * cost.seq
     b = t.budget
     if steps is not None:
         pass
@@ -123,16 +135,17 @@ def steps_for_budget(cfg, vocab: int, schedule, candidate_frac: float, token_fra
     else:
         steps = 1000
         for _ in range(3):  # the mean rate of a schedule depends on the run length: iterate to a fixed point
-            steps = math.floor(b.flops / _per_step(cfg, vocab, schedule, candidate_frac, token_frac, steps))
+            steps = math.floor(b.flops / cost.flops(steps))
             if steps < 1:
                 raise ValueError(f"trainer.budget.flops={b.flops:g} is smaller than one step of objective="
-                                 f"{cfg.objective.name} "
-                                 f"({_per_step(cfg, vocab, schedule, candidate_frac, token_frac, 1):.3g} FLOPs)")
-    per_step = _per_step(cfg, vocab, schedule, candidate_frac, token_frac, steps)
+                                 f"{cost.objective.name} ({cost.flops(1):.3g} FLOPs)")
+    per_step = cost.flops(steps)
     return steps, {"steps": steps, "tokens": steps * tokens_per_step, "flops_per_step": per_step,
-                   "flops": steps * per_step, "world_size": world}
+                   "flops": steps * per_step, "world_size": world_size(t)}
 
 
-def _per_step(cfg, vocab: int, schedule, candidate_frac: float, token_frac: float, steps: int) -> float:
-    rate = mean_predict_rate(schedule, cfg.mask, steps) * candidate_frac
-    return step_flops(cfg, vocab, rate, candidate_frac, token_frac)
+def step_cost(t, d, model, objective, mask, vocab: int, schedule, candidate_frac: float,
+              token_frac: float = 1.0) -> StepCost:
+    """The :class:`StepCost` of a job from its groups (``trainer``, ``data``, ``model``, ``objective``, ``mask``)."""
+    return StepCost(model, objective, vocab, d.batch_size * t.accumulate_grad_batches * world_size(t), d.max_seq_len,
+                    schedule, mask.predict_rate, candidate_frac, token_frac)

@@ -35,29 +35,28 @@ def hydra_info() -> dict:
             "parallel_jobs": (os.cpu_count() if n_jobs == -1 else n_jobs) if isinstance(n_jobs, int) else None}
 
 
-def wandb_group(cfg: DictConfig, info: dict) -> str:
-    w = cfg.logger.wandb
+def wandb_group(w, info: dict) -> str:
+    """The W&B group of a job: ``logger.wandb.group`` (``w``), else the sweep dir's name in a multirun, else single."""
     return (w.group if w is not None and w.group else
             "sweep_" + str(info["sweep_dir"]).strip("/").replace("/", "_") if info.get("multirun") else "single")
 
 
-def start_wandb(cfg: DictConfig, config: dict, info: dict, out_dir: Path, job_type: str = "pretrain",
+def start_wandb(w, config: dict, info: dict, out_dir: Path, job_type: str = "pretrain",
                 group: str | None = None, name_prefix: str = "", run_id: str | None = None):
-    """The job's W&B run. ``run_id``: a resumed job continues the W&B run of the checkpoint it resumes -- online with
+    """The job's W&B run, as ``logger.wandb`` (``w``; None or mode=disabled: none) says. ``run_id``: a resumed job continues the W&B run of the checkpoint it resumes -- online with
     ``resume="allow"``; offline W&B cannot resume (it warns and ignores it), so the resumed job writes a second offline
     log under the same id, which ``wandb sync`` uploads into the same run and mlmlab.analysis reads as one history."""
-    w = cfg.logger.wandb
     if w is None or w.mode == "disabled":
         return None
     import wandb
 
-    group = group or wandb_group(cfg, info)
+    group = group or wandb_group(w, info)
     name = name_prefix + (w.name or info.get("override_dirname") or "default")
     resume = {"id": run_id, **({"resume": "allow"} if w.mode == "online" else {})} if run_id else {}
     return wandb.init(project=w.project, entity=w.entity, mode=w.mode, group=group, job_type=job_type, name=name,
                       tags=list(w.tags), config=config, dir=str(out_dir), reinit="create_new", **resume,
                       settings=wandb.Settings(console="off", x_disable_stats=True,
-                                              x_transaction_log_flush_interval=float(w.get("flush_seconds", 2.0))))
+                                              x_transaction_log_flush_interval=float(w.flush_seconds)))
 
 
 def wandb_barrier(run, flush_seconds: float) -> None:
@@ -83,16 +82,17 @@ def finish_wandb(run, exit_code: int) -> None:
         wandb.teardown()
 
 
-def finetune_runs(cfg: DictConfig, config: dict, info: dict, out_dir: Path, group: str | None, parent: str,
+def finetune_runs(w, wandb_runs: bool, config: dict, info: dict, out_dir: Path, group: str | None, parent: str,
                   prefix: str = ""):
-    """``downstream.wandb_runs=true``: a factory of one W&B run per fine-tuning (task, lr, seed), else None."""
-    if not cfg.downstream.get("wandb_runs") or cfg.logger.wandb is None or cfg.logger.wandb.mode == "disabled":
+    """``downstream.wandb_runs=true`` (``wandb_runs``) and W&B on (``logger.wandb``, ``w``): a factory of one W&B run
+    per fine-tuning (task, lr, seed), else None."""
+    if not wandb_runs or w is None or w.mode == "disabled":
         return None
 
     def make(task: str, lr: float, seed: int):
         c = {**config, "finetune_run": {"task": task, "lr": lr, "seed": seed, "parent": parent}}
         try:
-            return start_wandb(cfg, c, info, out_dir, job_type="finetune", group=group,
+            return start_wandb(w, c, info, out_dir, job_type="finetune", group=group,
                                name_prefix=f"{prefix}{task}:lr{lr:g}:seed{seed}:")
         except Exception as e:  # W&B is never the only copy: the fine-tuning goes on without its run
             log.error("W&B run for %s lr=%g seed=%d failed to start (%s: %s); continuing without it", task, lr, seed,
@@ -102,8 +102,8 @@ def finetune_runs(cfg: DictConfig, config: dict, info: dict, out_dir: Path, grou
     return make
 
 
-def trainer_kwargs(cfg: DictConfig) -> dict:
-    t = cfg.trainer
+def trainer_kwargs(t) -> dict:
+    """The Lightning Trainer's arguments every job shares, from ``trainer.*`` (``t``): the precision as it will run."""
     from mlmlab.hardware import resolve_precision
 
     return {"accelerator": t.accelerator, "precision": resolve_precision(t.precision, t.accelerator),

@@ -215,14 +215,17 @@ def _findings_table(spec: dict, base: Path, tables: dict) -> str:
     rows = []
     for row in spec["rows"]:
         part, m, scale, dg = _primary_rows(row, base, tables)
-        for _, r in part.iterrows():
+        words = [_say(r, scale) for _, r in part.iterrows()]
+        if row.get("sequential"):
+            words = _sequential_words(row, base, part, words)
+        for (_, r), word in zip(part.iterrows(), words):
             gains = "; ".join(f"{r[side]}: {_interval(r[side + '_gain'], scale, dg)}" for side in ("baseline", "arm"))
             rows.append([row["question"], f"`{row['sweep']}`", m.get("label", m["key"]), gains,
                          f"{r['arm']} - {r['baseline']}: {_effect(r, scale, dg)}",
                          f"{_fmt(r['p'], 'p')} / {_fmt(r['p_holm'], 'p')}", str(int(r["n"])),
                          _mdd_range(r, scale, dg),
                          f"{_count(r['seeds_80'])} [{_count(r['seeds_80_high'])}]",
-                         f"**{_say(r, scale)}**"])
+                         f"**{word}**"])
     return _md(["question", "sweep", "primary metric", "each arm's gain over random init (95% CI over seeds)",
                 "effect (95% CI over seeds)", "p / Holm p", "seeds", "min. detectable [sd range]",
                 "seeds for 80% power at the margin [at the sd's upper 95% bound]", "verdict"], rows)
@@ -249,6 +252,8 @@ def _findings_compact(spec: dict, base: Path, tables: dict) -> str:
         effects = "; ".join(f"{r['arm']}: {_effect(r, scale, dg)}, Holm p {_fmt(r['p_holm'], 'p')}"
                             for _, r in part.iterrows())
         words = [_say(r, scale) for _, r in part.iterrows()]
+        if row.get("sequential"):  # a sweep run in rounds: its arms were decided by the sequential rule
+            words = _sequential_words(row, base, part, words)
         verdict = words[0] if len(set(words)) == 1 else "; ".join(f"{r['arm']}: {w}" for (_, r), w in
                                                                      zip(part.iterrows(), words))
         first = part.iloc[0]
@@ -257,6 +262,29 @@ def _findings_compact(spec: dict, base: Path, tables: dict) -> str:
                      f"**{verdict}**"])
     return _md(["question", "sweep", "primary metric", "baseline's gain over random init", "effect vs the baseline "
                 "(95% CI over seeds)", "verdict"], rows)
+
+
+def _sequential_words(row: dict, base: Path, part, words: list[str]) -> list[str]:
+    """A findings row of a sequential sweep (``sequential: <folder under docs/results>``): each arm's verdict is the
+    group-sequential rule's from the sweep's ``sequential.json`` (the round and seeds it stopped at) -- unless the
+    baseline does not pay there, which comes first -- and the wall time from the first job's start to the last job's
+    end, from the jobs' records."""
+    import datetime
+
+    folder = base / row["sequential"]
+    s = _load(folder / "sequential.json")
+    by_value = {str(a["arm"]).rsplit("=", 1)[-1]: a for a in s["arms"]}
+    out = []
+    for (_, r), w in zip(part.iterrows(), words):
+        a = by_value.get(str(r["arm"]))
+        if a is None:
+            raise ReportError(f"{folder}/sequential.json has no arm {r['arm']!r} (it has {sorted(by_value)})")
+        out.append(w if w.startswith("not in a regime") else
+                   f"{a['verdict']} (sequential rule, round {a['round']} of {len(s['looks'])}, {a['seeds']} seeds)")
+    stamp = lambda t: datetime.datetime.strptime(t, "%Y-%m-%dT%H:%M:%S%z").timestamp()  # noqa: E731
+    recs = [_load(f) for f in sorted(folder.rglob("results.json"))]
+    minutes = (max(stamp(r["finished_at"]) for r in recs) - min(stamp(r["started_at"]) for r in recs)) / 60
+    return [f"{w}; {len(recs)} jobs in {minutes // 60:.0f} h {minutes % 60:02.0f} min" for w in out]
 
 
 def _interval(g, scale: float, dg: int) -> str:

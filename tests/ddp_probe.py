@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest import FAST, make_cfg  # noqa: E402
 
-from mlmlab.build import build_module  # noqa: E402
+from mlmlab.build import build_module, build_recipe, eval_suffix  # noqa: E402
 from mlmlab.data.datamodule import with_attention_mask  # noqa: E402
 from mlmlab.train import build_masking_plan, datamodule, encoder_config, prepare_data  # noqa: E402
 
@@ -39,10 +39,11 @@ class MaskProbe(pl.Callback):
 def main(out: Path, cache: Path) -> None:
     cfg = make_cfg([*FAST, "data.val_batch_size=16"], out / "run", cache)
     data = prepare_data(cfg)  # the job's own stages (mlmlab.train), then a 2-process DDP Trainer of its own
-    masking = build_masking_plan(cfg, data)
-    dm, val = datamodule(cfg, data, masking), masking.val
+    masking = build_masking_plan(build_recipe(cfg.mask, data.ctx, data.train_blocks), cfg.eval, data)
+    dm, val = datamodule(cfg.data, cfg.seed, data, masking.val), masking.val
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    module = build_module(cfg, encoder_config(cfg, data), STEPS, masking.recipe)
+    module = build_module(cfg.objective, cfg.optim, cfg.seed, eval_suffix(cfg.eval.rate),
+                          encoder_config(cfg.model, data.vocab_size, cfg.objective.name), STEPS, masking.recipe)
     probe = with_attention_mask({k: x[:8] for k, x in data.train_blocks.items()})
     cb = MaskProbe(probe)
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=STEPS, max_epochs=-1, logger=False,

@@ -10,11 +10,11 @@ import pytest
 import torch
 from conftest import SHARED
 
+from mlmlab import pretrain_job as train
 from mlmlab import unigram_reference
 from mlmlab.config import ConfigError, validate
 from mlmlab.data.corpus import strip_html
 from mlmlab.downstream import paired_gain
-from mlmlab.train import train
 
 
 @pytest.mark.parametrize("overrides,message", [

@@ -3,9 +3,9 @@
 import pytest
 from conftest import SHARED
 
+from mlmlab import pretrain_job as train
 from mlmlab.config import ConfigError, validate
 from mlmlab.data.corpus import load_documents
-from mlmlab.train import train
 
 PRESETS = {"imdb": (19051, 763), "wikitext2": None, "zh": (61457, 3234), "finance": (22041, 1160),
            "medical": (692 + 31466, 100 + 13305)}

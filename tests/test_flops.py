@@ -6,10 +6,10 @@ from omegaconf import OmegaConf
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from mlmlab import pretrain_job as train
 from mlmlab.config import ConfigError, validate
 from mlmlab.flops import mlm_step_flops
 from mlmlab.models.encoder import BertForMLM, EncoderConfig
-from mlmlab.train import train
 
 
 @pytest.mark.parametrize("vocab,predict_frac", [(512, 0.15), (4096, 0.4)])

@@ -8,9 +8,9 @@ import json
 import pytest
 from scipy.stats import binomtest
 
+from mlmlab import pretrain_job as train
 from mlmlab.analysis import compare_items, load_predictions
 from mlmlab.analysis import main as analysis_main
-from mlmlab.train import train
 
 
 def test_compare_items_against_scipy_on_a_known_table():

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from mlmlab import pretrain_job as train
 from mlmlab.analysis import label_budget_curve, load_runs
 from mlmlab.analysis import main as analysis_main
 from mlmlab.config import ConfigError, validate
-from mlmlab.train import train
 
 
 def test_label_budget_curve_in_a_job_and_in_the_analysis(cfg_factory, tmp_path, capsys):

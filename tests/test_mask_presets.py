@@ -8,6 +8,7 @@ from conftest import CONF_DIR
 from omegaconf import OmegaConf
 
 from mlmlab import build_recipe
+from mlmlab import pretrain_job as train
 from mlmlab.config import ConfigError, build_schedule, validate
 from mlmlab.data import builtin
 from mlmlab.data.corpus import get_blocks
@@ -15,7 +16,6 @@ from mlmlab.data.vocab_stats import make_sampler_context
 from mlmlab.lit.mlm import MLMModule
 from mlmlab.masking.masker import IGNORE_INDEX
 from mlmlab.models.encoder import EncoderConfig
-from mlmlab.train import train
 
 PRESETS = sorted(p.stem for p in Path(CONF_DIR, "mask").glob("*.yaml"))
 QUICK = ["trainer.max_steps=3", "trainer.val_check_interval=3", "downstream.tasks=[]", "logger=none",
@@ -59,7 +59,7 @@ def masked(cfg, batch):
     tok, blocks = get_blocks(cfg)
     ctx = make_sampler_context(cfg, tok, blocks)
     enc = EncoderConfig.from_model_cfg(cfg.model, tok.get_vocab_size()).to_dict()
-    module = MLMModule(enc, build_recipe(cfg, ctx, blocks["train"]), OmegaConf.to_container(cfg.optim), cfg.seed,
+    module = MLMModule(enc, build_recipe(cfg.mask, ctx, blocks["train"]), OmegaConf.to_container(cfg.optim), cfg.seed,
                        cfg.trainer.max_steps)
     return module.mask_batch(batch, 0)[1]
 
@@ -151,6 +151,6 @@ def test_domain_word_list_out_of_vocabulary_is_reported(cfg_factory, tmp_path):
     validate(cfg)
     tok, blocks = get_blocks(cfg)
     with pytest.raises(ConfigError, match="out of vocabulary"):
-        build_recipe(cfg, make_sampler_context(cfg, tok, blocks), blocks["train"])
+        build_recipe(cfg.mask, make_sampler_context(cfg, tok, blocks), blocks["train"])
     with pytest.raises(ConfigError, match="mask.sampler"):
         train(cfg_factory("mask=domain_vocab", f"mask.sampler.word_list={tmp_path / 'missing.txt'}", *QUICK))

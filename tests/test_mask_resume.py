@@ -26,7 +26,7 @@ class MaskTrace(pl.Callback):
 def fit(cfg, blocks, tok, max_steps, probe, ckpt_in=None, ckpt_out=None):
     ctx = make_sampler_context(cfg, tok, blocks)
     enc = EncoderConfig.from_model_cfg(cfg.model, tok.get_vocab_size()).to_dict()
-    module = MLMModule(enc, build_recipe(cfg, ctx, blocks["train"]), OmegaConf.to_container(cfg.optim), cfg.seed, 6)
+    module = MLMModule(enc, build_recipe(cfg.mask, ctx, blocks["train"]), OmegaConf.to_container(cfg.optim), cfg.seed, 6)
     val = {"input_ids": blocks["validation"]["input_ids"][:8], "labels": blocks["validation"]["input_ids"][:8].long(),
            "attention_mask": blocks["validation"]["input_ids"][:8] > 0}
     dm = PretrainDataModule(blocks["train"], val, 8, 8, cfg.seed)

@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from mlmlab import pretrain_job as train
 from mlmlab.analysis import read_wandb_offline, wandb_run_dirs
 from mlmlab.config import ConfigError, validate
 from mlmlab.flops import clm_step_flops, electra_step_flops
@@ -20,7 +21,6 @@ from mlmlab.masking.masker import BertMasker
 from mlmlab.masking.replacement import SamplerContext, UniformSampler
 from mlmlab.models.electra import ElectraForPretraining
 from mlmlab.models.encoder import CausalLM, EncoderConfig, SequenceClassifier
-from mlmlab.train import train
 
 SPECIAL = (0, 1, 2, 3, 4)
 MASK_ID = 4

@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import ROOT
 
+from mlmlab import pretrain_job as train
 from mlmlab.config import ConfigError, validate
 from mlmlab.lit.mlm import TRAIN_STREAM
 from mlmlab.lit.optim import adamw_with_schedule
@@ -20,7 +21,6 @@ from mlmlab.masking.config import MaskConfig, ReplaceConfig
 from mlmlab.masking.masker import IGNORE_INDEX, KEPT, MASKED, NOT_SELECTED, RANDOM
 from mlmlab.masking.replacement import SamplerContext, UniformSampler, UnigramSampler
 from mlmlab.models.encoder import BertForMLM, EncoderConfig
-from mlmlab.train import train
 
 V, B, L = 300, 16, 64
 SPECIALS = (0, 1, 2, 3, 4)
@@ -168,7 +168,7 @@ def test_ddp_two_processes_distinct_reproducible_masks_and_exact_synced_validati
 
     cfg = make_cfg([*FAST], tmp_path / "ref", cache_dir)
     tok, blocks = get_blocks(cfg)
-    masker = build_recipe(cfg, make_sampler_context(cfg, tok, blocks), blocks["train"]).masker
+    masker = build_recipe(cfg.mask, make_sampler_context(cfg, tok, blocks), blocks["train"]).masker
     probe = {k: v[:8] for k, v in blocks["train"].items()}
     for step in range(3):
         assert not torch.equal(traces[0][step]["labels"], traces[1][step]["labels"])

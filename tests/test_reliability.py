@@ -18,8 +18,8 @@ import pytest
 import torch
 from conftest import ROOT, run_cli
 
+from mlmlab import pretrain_job as train
 from mlmlab.config import ConfigError, validate
-from mlmlab.train import train
 
 # 200 built-in documents -> 155 training blocks = 9 batches of 16 per epoch: 14 steps cross an epoch boundary
 SMALL = ["debug=fast", "logger=none", "downstream=none", "data.n_docs=200", "trainer.max_steps=14",

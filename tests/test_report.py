@@ -274,6 +274,35 @@ def test_findings_table_states_the_regime_before_comparing(repo: Path):
     assert len(rows) == 1 and "0.4: +2.8 [" in rows[0] and "Holm p" in rows[0] and rows[0].count("**") == 2
 
 
+def test_findings_row_of_a_sequential_sweep_takes_the_rules_decision_and_wall_time(repo: Path):
+    """A sweep run in rounds (``sequential:`` on its findings row): the verdict is the sequential rule's from its
+    sequential.json (round, seeds), not a fixed-sample test of the final seeds, and the row gives the wall time from
+    the first job's start to the last job's end, read from the records."""
+    sweep = repo / "docs" / "results" / "sweep"
+    times = iter(["2026-12-06T10:00:00+0000", "2026-12-06T10:20:00+0000", "2026-12-06T10:00:05+0000",
+                  "2026-12-06T10:21:00+0000", "2026-12-06T10:20:00+0000", "2026-12-06T11:04:00+0000",
+                  "2026-12-06T10:21:00+0000", "2026-12-06T11:05:00+0000"])
+    for i, (rate, seed, score) in enumerate([(0.15, 0, 0.70), (0.4, 0, 0.74), (0.15, 1, 0.72), (0.4, 1, 0.75)]):
+        (sweep / str(i)).mkdir(parents=True)
+        (sweep / str(i) / "results.json").write_text(json.dumps(
+            {"status": "ok", "config": {"seed": seed, "mask": {"rate": rate}}, "started_at": next(times),
+             "finished_at": next(times), "metrics": {"downstream/t/acc": score, "gain/t/acc": 0.05 + 0.001 * seed}}))
+    (sweep / "sequential.json").write_text(json.dumps(
+        {"looks": [2, 4, 6, 8], "arms": [{"arm": "mask.rate=0.4", "verdict": "better", "round": 1, "seeds": 2}]}))
+    spec = ("t1:\n  kind: compare\n  source: sweep\n  by: mask.rate\n  baseline: 0.15\n"
+            "  question: {primary: downstream/t/acc, delta: 0.01}\n"
+            "  metrics:\n    - {key: downstream/t/acc, label: acc, scale: 100, fmt: .1f}\n"
+            "f:\n  kind: findings\n  compact: true\n  rows:\n    - {question: q1, sweep: s, table: t1, sequential: sweep}\n")
+    (repo / "docs" / "results" / "tables.yaml").write_text(spec)
+    (repo / "README.md").write_text("<!-- table: t1 -->\n<!-- /table -->\n<!-- table: f -->\n<!-- /table -->\n")
+    report.update(repo)
+    row = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| q1"))
+    assert row.endswith("**better (sequential rule, round 1 of 4, 2 seeds); 4 jobs in 1 h 05 min** |"), row
+    (sweep / "sequential.json").write_text(json.dumps({"looks": [2], "arms": [{"arm": "mask.rate=0.8"}]}))
+    with pytest.raises(report.ReportError, match="no arm '0.4'"):
+        report.update(repo)
+
+
 def test_check_fails_on_a_table_typed_by_hand(repo: Path):
     """A Markdown table outside a generated block has no record behind it: check=true names it, unless it is marked as
     holding no measurement."""

@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mlmlab.downstream as downstream
+from mlmlab import pretrain_job as train
 from mlmlab.config import ConfigError, validate
 from mlmlab.data.tasks import TASKS, read_jsonl
 from mlmlab.downstream import classification_metrics, entity_f1, mean_ci95, windows
-from mlmlab.train import train
 
 LOCAL = sorted(n for n, t in TASKS.items() if t.local is not None and t.kind != "minimal_pairs")  # blimp: test_zeroshot
 WORDS = "good bad film plot actor great awful movie story scene".split()
@@ -180,12 +180,12 @@ def test_lr_grid_is_chosen_on_validation_and_reported_on_test(cfg_factory, tmp_p
     # validation prefers lr 1e-4, test would prefer 3e-4: the protocol must report test at 1e-4
     scores = {1e-4: (0.8, 0.6), 3e-4: (0.7, 0.9)}
 
-    def fake(cfg, spec, enc, state, names, splits, lr, seed, kw, run_factory=None, reported="test"):
+    def fake(f, spec, enc, state, names, splits, lr, seed, kw, run_factory=None, reported="test"):
         assert set(splits) == {"train", "validation", "test"}
         v, t = scores[lr]
         return {"validation": {"acc": v + seed / 100}, "test": {"acc": t + seed / 100}}
 
-    monkeypatch.setattr(downstream, "finetune_one", fake)
+    monkeypatch.setattr(downstream.protocol, "finetune_one", fake)
     cfg = cfg_factory(f"paths.data_dir={tmp_path}", "downstream.tasks=[chnsenticorp]", "downstream.seeds=[0,1,2]",
                       "downstream.finetune.lr=[1e-4,3e-4]")
     metrics, report = downstream.run_downstream(cfg, _Tok(), {}, {}, {})
@@ -200,11 +200,11 @@ def test_without_labelled_test_validation_is_reported_and_never_used_for_selecti
     write_task(tmp_path, TASKS["rte"], n=40)
     seen = []
 
-    def fake(cfg, spec, enc, state, names, splits, lr, seed, kw, run_factory=None, reported="test"):
+    def fake(f, spec, enc, state, names, splits, lr, seed, kw, run_factory=None, reported="test"):
         seen.append({k: v["n"] for k, v in splits.items()})
         return {k: {"acc": 0.5 + lr} for k in splits if k != "train"}
 
-    monkeypatch.setattr(downstream, "finetune_one", fake)
+    monkeypatch.setattr(downstream.protocol, "finetune_one", fake)
     cfg = cfg_factory(f"paths.data_dir={tmp_path}", "downstream.tasks=[rte]")
     metrics, report = downstream.run_downstream(cfg, _Tok(), {}, {}, {})
     assert report["rte"]["reported_split"] == "validation" and report["rte"]["selection_split"] is None
@@ -293,7 +293,7 @@ def test_early_stopping_restores_the_best_weights_in_train_mode(monkeypatch):
            "max_position_embeddings": 32}
     module = FinetuneModule(enc, 2, 1e-3, 0.0, 0.0, 10).train()
     scores = iter([0.5, 0.9, 0.7, 0.6])
-    monkeypatch.setattr(downstream, "evaluate", lambda *a: {"acc": next(scores)})
+    monkeypatch.setattr(downstream.finetuning, "evaluate", lambda *a: {"acc": next(scores)})
     cb = downstream.BestOnValidation(TASKS["sst2"], {}, ["a", "b"], 8, patience=2)
 
     class T:

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from conftest import CONF_DIR, SHARED
 
+from mlmlab import pretrain_job as train
 from mlmlab.config import ConfigError, validate
-from mlmlab.train import train
 
 DATA_DIR_PRESETS = ({f"data={n}" for n in ("imdb", "wikitext2", "zh", "finance", "medical", "finance_mix", "medical_mix")}
                     | {f"experiment={n}" for n in ("real_en", "real_finance", "real_zh", "real_medical")}

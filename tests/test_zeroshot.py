@@ -11,13 +11,13 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from mlmlab import pretrain_job as train
 from mlmlab import zeroshot as zs
 from mlmlab.config import ConfigError, validate
 from mlmlab.data.tasks import TASKS
 from mlmlab.data.tokenizer import CLS, MASK, SEP
 from mlmlab.downstream import subsample_pairs
 from mlmlab.models.encoder import BertForMLM, CausalLM, EncoderConfig
-from mlmlab.train import train
 
 VOCAB = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4, "the": 5, "cat": 6, "sat": 7, "un": 8,
          "##happy": 9, "dog": 10, "##s": 11}

@@ -44,7 +44,7 @@ class EncoderConfig:
     @classmethod
     def from_model_cfg(cls, model_cfg, vocab_size: int, causal: bool = False) -> EncoderConfig:
         keys = set(cls.__dataclass_fields__) - {"vocab_size", "causal"}
-        return cls(vocab_size=vocab_size, causal=causal, **{k: model_cfg[k] for k in keys})
+        return cls(vocab_size=vocab_size, causal=causal, **{k: getattr(model_cfg, k) for k in keys})
 
     def __post_init__(self):
         if self.norm not in NORMS:

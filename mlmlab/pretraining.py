@@ -1,0 +1,181 @@
+"""The pretraining stages of a job (``mlmlab.train``), each taking the groups it uses -- ``trainer.*`` and
+``data.*`` as their typed owners (``TrainerConfig``, ``DataConfig``), the step's cost (:class:`mlmlab.flops.StepCost`),
+the module built by the job -- and returning named results: the budget turned into steps (calibrated when it is in
+seconds), the Trainer with its guard and evaluation curve (:class:`Pretraining`), the fit and its training metrics,
+and the fixed-mask evaluation."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlmlab.errors import ConfigError
+from mlmlab.flops import StepCost, steps_for_budget
+from mlmlab.job import trainer_kwargs, wandb_barrier
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Pretraining:
+    """What :func:`build_trainer` returns: the module, its Trainer, the guard (checkpoints, non-finite losses, resume
+    state), the evaluation curve (``eval.zeroshot_every_n_steps``) and the checkpoint a resumed run continues."""
+    module: Any
+    trainer: Any
+    guard: Any
+    curve: Any = None
+    resume_from: Path | None = None
+
+
+def plan_budget(t, cost: StepCost, record) -> tuple[int, dict]:
+    """The step count of ``trainer.max_steps`` or of a token / FLOP budget, and its accounting (recorded)."""
+    try:
+        max_steps, budget = steps_for_budget(t, cost)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    record.set(budget=budget)
+    return max_steps, budget
+
+
+def calibrate_budget(t, resume: str | None, probe: Callable[[], dict], cost: StepCost, record, max_steps: int,
+                     budget: dict) -> tuple[int, dict]:
+    """``trainer.budget.seconds`` only: the step count that fills the seconds (``probe()``: a timing probe, see
+    :func:`calibrate_seconds`), recorded; a resumed run keeps the step count it was calibrated to."""
+    if t.budget.seconds is None or cost.objective.name == "none":
+        return max_steps, budget
+    if resume is not None:
+        import torch
+
+        from mlmlab.checkpoint import resume_path
+
+        ckpt = torch.load(resume_path(resume), map_location="cpu", weights_only=False, mmap=True)
+        cal = {"seconds": float(t.budget.seconds), "resumed": True,
+               "steps": int(ckpt["hyper_parameters"]["max_steps"])}
+        log.info("trainer.budget.seconds=%g, resumed: the run's calibrated %d steps", cal["seconds"], cal["steps"])
+    else:
+        with record.timer("calibrate"):
+            cal = probe()
+        log.info("trainer.budget.seconds=%g: %d steps (%.3f s/step, %.2f s per validation, probe %.1f s)",
+                 cal["seconds"], cal["steps"], cal["s_per_step"], cal["val_s"], cal["probe_s"])
+    max_steps, budget = steps_for_budget(t, cost, steps=cal["steps"])
+    budget["calibration"] = cal
+    record.set(budget=budget)
+    return max_steps, budget
+
+
+def calibrate_seconds(t, d, make_module: Callable[[int], Any], dm) -> dict:
+    """``trainer.budget.seconds`` -> the step count that fills it (mlmlab.lit.calibrate), timed on this machine with
+    modules from ``make_module(max_steps)``."""
+    from mlmlab.lit.calibrate import calibrate_steps
+
+    kw = {**trainer_kwargs(t), "devices": 1, "gradient_clip_val": t.gradient_clip_val,
+          "accumulate_grad_batches": t.accumulate_grad_batches}
+    return calibrate_steps(lambda: make_module(1000), dm.train_set, dm.val_set, d.batch_size, d.val_batch_size, kw,
+                           float(t.budget.seconds), t.val_check_interval)
+
+
+def build_trainer(t, module, dm, out_dir: Path, record, max_steps: int, budget: dict, run_info, *, run=None,
+                  flush_seconds: float = 2.0, curve=None, resume_from: Path | None = None,
+                  trains: bool = True) -> Pretraining:
+    """The Trainer of ``trainer.*`` for ``module``: the guard, the run-info callback (``run_info``), the W&B logger
+    (``run``; a checkpoint waits ``flush_seconds`` for W&B's log), the throughput meter and the evaluation ``curve``.
+    ``trains``: false for objective=none (no budget to reconcile with the real world size)."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.loggers import WandbLogger
+
+    from mlmlab.guard import Guard
+    from mlmlab.lit.calibrate import Throughput
+    from mlmlab.lit.faults import fault_callbacks
+
+    if t.compile and trains:
+        module.encoder().compile()  # in place: the state dict keeps its keys (checkpoints, export, fine-tuning)
+    guard = Guard(out_dir / "checkpoints", t.checkpoint_every_n_steps, t.nonfinite, dm.sampler,
+                  out_dir / "train_log.jsonl", t.log_every_n_steps)
+    if run is not None:  # what W&B logged before a checkpoint is on disk when the checkpoint is (a SIGKILL keeps it)
+        guard.after_save.append(lambda: wandb_barrier(run, flush_seconds))
+    before, after = fault_callbacks()  # test-only (MLMLAB_FAULT_*): none in a normal job
+    callbacks = [run_info, *before, guard, *after]
+    if t.enable_progress_bar:
+        from mlmlab.lit.progress import StepProgressBar
+
+        callbacks.append(StepProgressBar())
+    callbacks.append(Throughput())
+    if curve is not None:
+        callbacks.append(curve)
+    trainer = pl.Trainer(
+        **trainer_kwargs(t), devices=t.devices, strategy=t.strategy, num_nodes=t.num_nodes, max_steps=max_steps,
+        max_epochs=-1, val_check_interval=t.val_check_interval, check_val_every_n_epoch=None,
+        log_every_n_steps=t.log_every_n_steps, gradient_clip_val=t.gradient_clip_val,
+        accumulate_grad_batches=t.accumulate_grad_batches, logger=WandbLogger(experiment=run) if run else False,
+        enable_checkpointing=False, num_sanity_val_steps=0, default_root_dir=str(out_dir), callbacks=callbacks,
+    )
+    if trains and trainer.world_size != budget["world_size"]:
+        if t.budget.tokens is not None or t.budget.flops is not None:
+            raise ConfigError(f"trainer.devices={t.devices} gave {trainer.world_size} processes, but the budget assumed "
+                              f"{budget['world_size']}; set trainer.devices to a number of devices")
+        scale = trainer.world_size / budget["world_size"]  # no budget: only the accounting needs the real world size
+        budget.update(tokens=budget["tokens"] * scale, flops=budget["flops"] * scale,
+                      flops_per_step=budget["flops_per_step"] * scale, world_size=trainer.world_size)
+        record.set(budget=budget)
+    return Pretraining(module, trainer, guard, curve, resume_from)
+
+
+def pretrain(p: Pretraining, tokens_per_batch: int, dm, record, budget: dict,
+             checkpoint: Path | None) -> dict[str, float]:
+    """``trainer.fit``, then the run's training metrics -- realized corruption as run means (the last batch's value
+    as ``<key>_last``) -- and the final checkpoint (``checkpoint``: where; None: none). ``tokens_per_batch``: one
+    process's tokens per optimizer step (the throughput record)."""
+    from mlmlab.checkpoint import atomic_save_checkpoint
+    from mlmlab.lit.calibrate import Throughput
+
+    trainer, module, guard = p.trainer, p.module, p.guard
+    with record.timer("pretrain"):
+        try:
+            trainer.fit(module, datamodule=dm, ckpt_path=str(p.resume_from) if p.resume_from else None)
+        except BaseException as e:
+            if guard.last_ckpt.exists():  # the last good checkpoint (nothing is saved after a bad step)
+                record.set(checkpoint=str(guard.last_ckpt))
+            if type(e).__name__ == "SIGTERMException":  # Lightning's own SIGTERM exit (exit code 0): say so
+                raise guard.preempted(trainer.global_step) from e
+            raise
+    if p.curve is not None:
+        record.set(curves=p.curve.rows)
+    speed = next((c for c in trainer.callbacks if isinstance(c, Throughput)), None)
+    if speed is not None:  # the job's own tokens/s (benchmarks/bench_e2e.py compares it with bench_step's)
+        record.set(throughput=speed.record(tokens_per_batch * trainer.world_size))
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
+    for k, v in (module.telemetry_means() if hasattr(module, "telemetry_means") else {}).items():
+        if k in metrics:
+            metrics[f"{k}_last"] = metrics[k]
+        metrics[k] = v
+    metrics["train/steps"] = trainer.global_step
+    metrics["train/skipped_nonfinite"] = float(guard.skipped)
+    metrics["budget/tokens"], metrics["budget/flops"] = float(budget["tokens"]), float(budget["flops"])
+    if checkpoint is not None:
+        atomic_save_checkpoint(trainer, checkpoint)
+        record.set(checkpoint=str(checkpoint))
+    return metrics
+
+
+def evaluate(p: Pretraining, dm, extra_val: dict, datamodule_for: Callable[[dict], Any], record) -> dict[str, float]:
+    """The fixed-mask validation losses (``val/mlm_loss_r<rate>``), then those of each further fixed-mask set of
+    ``extra_val`` ({metric suffix: validation dict}, served by ``datamodule_for(val)``): further ``eval.units``
+    (``val/mlm_loss_r<rate>w``: whole-word masks) and ``eval.per_source`` (``val/mlm_loss_r<rate>_mix<i>``); each also
+    split by what the masks showed at the predicted position (``val/mlm_loss_at_{mask,random,keep}_r<rate>``)."""
+    trainer, module = p.trainer, p.module
+    with record.timer("eval"):
+        (val_metrics,) = trainer.validate(module, datamodule=dm, verbose=False)
+        out = {k: float(v) for k, v in val_metrics.items()}
+        for suffix, val in extra_val.items():  # objective=mlm only (validated): CLM modules have no suffix
+            main_suffix, module.eval_suffix = module.eval_suffix, suffix
+            try:
+                (extra,) = trainer.validate(module, datamodule=datamodule_for(val), verbose=False)
+            finally:
+                module.eval_suffix = main_suffix
+            out.update({k: float(v) for k, v in extra.items() if k.endswith(f"_{suffix}")})
+    # a corruption kind the fixed masks do not use (eval.replace.random=0: no random positions) has no loss
+    return {k: v for k, v in out.items() if not ("/mlm_loss_at_" in k and math.isnan(v))}
