@@ -1,6 +1,6 @@
 """Tokenize + pack throughput of mlmlab's data pipeline on a local corpus, cold vs warm cache.
 
-Every measurement is ``mlmlab.data.corpus.get_blocks(cfg)`` in a fresh Python process (a child of this script), with
+Every measurement is ``mlmlab.data.corpus.get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir)`` in a fresh Python process (a child of this script), with
 ``cfg`` composed by Hydra from ``conf/`` (``data=text_files data.path=<corpus> paths.cache_dir=<dir>``):
 
 - cold: an empty cache dir -- loading the documents (``datasets``), WordPiece training, tokenization
@@ -100,7 +100,7 @@ def child(spec: dict) -> None:
         setattr(corpus, attr, wrap(getattr(corpus, attr), name))
 
     t0 = time.perf_counter()
-    tok, blocks = corpus.get_blocks(cfg)
+    tok, blocks = corpus.get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir)
     t_blocks = time.perf_counter() - t0
     stats = {s: corpus.block_stats(b) for s, b in blocks.items()}
     sha = hashlib.sha256()

@@ -148,15 +148,15 @@ def prepare_data(cfg: DictConfig) -> Data:
         task_registry(cfg)[name].load(cfg)
     check_label_budgets(cfg)
     packing: dict = {}
-    tok, blocks = get_blocks(cfg, packing)
+    tok, blocks = get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir, packing)
     train_blocks = blocks["train"]
     n_train = len(train_blocks["input_ids"])
     if n_train < cfg.data.batch_size:
         raise ConfigError(f"data.batch_size={cfg.data.batch_size} is larger than the {n_train} training blocks; "
                           f"allowed: 1..{n_train}")
     val_blocks = {k: v[: cfg.data.max_val_blocks] for k, v in blocks["validation"].items()}
-    ctx = make_sampler_context(cfg, tok, blocks)
-    source_val = source_val_blocks(cfg, tok) if cfg.eval.get("per_source") else []
+    ctx = make_sampler_context(cfg.data, cfg.tokenizer, cfg.paths, tok, blocks)
+    source_val = source_val_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir, tok) if cfg.eval.per_source else []
     return Data(tok, train_blocks, val_blocks, ctx, block_stats(train_blocks), packing, source_val)
 
 

@@ -98,6 +98,13 @@ def make_cfg(overrides: list[str], output_dir: Path, cache: Path):
         )
 
 
+def blocks_of(cfg, report: dict | None = None):
+    """``mlmlab.data.corpus.get_blocks`` of a composed config: its data, tokenizer and cache."""
+    from mlmlab.data.corpus import get_blocks
+
+    return get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir, report)
+
+
 @pytest.fixture
 def bf16_host(monkeypatch):
     """The host counts as having native CPU bf16, for tests about a preset or a setting rather than the host (CI may

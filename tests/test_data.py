@@ -1,6 +1,7 @@
 """Built-in corpus, tokenizer, packing and caching."""
 
 import torch
+from conftest import blocks_of
 
 from mlmlab.data import builtin
 from mlmlab.data.corpus import get_blocks, load_documents, pack, tokenize
@@ -55,12 +56,12 @@ def test_pack_blocks_specials_and_word_ids():
 
 def test_blocks_are_cached_by_config(cfg_factory, cache_dir):
     cfg = cfg_factory()
-    tok1, b1 = get_blocks(cfg)
+    tok1, b1 = get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir)
     n_files = sorted(p for p in cache_dir.rglob("*") if p.is_file())
-    tok2, b2 = get_blocks(cfg_factory("mask.rate=0.3", "seed=5"))  # masking/seed do not change the data
+    tok2, b2 = blocks_of(cfg_factory("mask.rate=0.3", "seed=5"))  # masking/seed do not change the data
     assert sorted(p for p in cache_dir.rglob("*") if p.is_file()) == n_files
     assert torch.equal(b1["train"]["input_ids"], b2["train"]["input_ids"])
-    _, b3 = get_blocks(cfg_factory("data.max_seq_len=32"))
+    _, b3 = blocks_of(cfg_factory("data.max_seq_len=32"))
     assert b3["train"]["input_ids"].shape[1] == 32
 
 
@@ -79,9 +80,8 @@ def test_text_files_line_and_blank_line(cfg_factory, tmp_path):
 def test_a_vocabulary_that_is_not_the_size_asked_for_is_a_warning(cfg_factory, caplog):
     import logging
 
-    from mlmlab.data.corpus import get_blocks
 
     with caplog.at_level(logging.WARNING, logger="mlmlab.data.corpus"):
-        tok, _ = get_blocks(cfg_factory("tokenizer.vocab_size=12"))
+        tok, _ = blocks_of(cfg_factory("tokenizer.vocab_size=12"))
     assert tok.get_vocab_size() > 12
     assert f"tokenizer.vocab_size=12 asked, the tokenizer has {tok.get_vocab_size()} tokens" in caplog.text

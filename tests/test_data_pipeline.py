@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import blocks_of
 
 from mlmlab.config import ConfigError, validate
 from mlmlab.data import builtin
@@ -36,16 +37,16 @@ def test_hub_corpus_loads_with_datasets_and_pretrains(cfg_factory, tmp_path):
     assert uses_hub(cfg.data)
     ds = document_datasets(cfg.data)
     assert list(ds["train"]["text"]) == docs[:400] and list(ds["validation"]["text"]) == docs[400:]
-    tok, blocks = get_blocks(cfg)
+    tok, blocks = get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir)
     assert blocks["train"]["input_ids"].shape[1] == 32 and len(blocks["validation"]["input_ids"]) > 0
 
 
 def test_hub_errors_name_the_key(cfg_factory, tmp_path):
     d, _ = hub_folder(tmp_path)
     with pytest.raises(ConfigError, match=r"data.hub=.* has no column data.text_column='text'; it has \['id', 'body'\]"):
-        get_blocks(cfg_factory("data=hub", f"data.hub={d}"))
+        blocks_of(cfg_factory("data=hub", f"data.hub={d}"))
     with pytest.raises(ConfigError, match=r"could not load split 'nope'.*for offline work set data.path"):
-        get_blocks(cfg_factory("data=hub", f"data.hub={d}", "data.text_column=body", "data.hub_split=nope"))
+        blocks_of(cfg_factory("data=hub", f"data.hub={d}", "data.text_column=body", "data.hub_split=nope"))
     with pytest.raises(ConfigError, match="data.source='web' is not known; allowed: auto, local, hub"):
         validate(cfg_factory("data=hub", f"data.hub={d}", "data.source=web"))
     with pytest.raises(ConfigError, match="data.num_proc=0 must be >= 1"):
@@ -80,7 +81,7 @@ def test_map_with_num_proc_packs_the_same_blocks_as_in_memory(cfg_factory, tmp_p
         cfg = cfg_factory("data=text_files", f"data.path={f}", "data.max_seq_len=48", f"data.num_proc={n}",
                           "tokenizer.vocab_size=300", f"paths.cache_dir={tmp_path / f'cache{n}'}")
         validate(cfg)
-        tok, out[n] = get_blocks(cfg)
+        tok, out[n] = get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir)
     ref = pack(*tokenize(tok, docs[: len(docs) - 18]), 48)  # val_fraction 0.02 of 900 documents: the last 18
     for k, v in ref.items():
         assert torch.equal(out[1]["train"][k], v) and torch.equal(out[2]["train"][k], v), k
@@ -89,14 +90,14 @@ def test_map_with_num_proc_packs_the_same_blocks_as_in_memory(cfg_factory, tmp_p
     assert len(list((cache / "tokens").iterdir())) == 2 and len(list((cache / "blocks").iterdir())) == 2
     cfg64 = cfg_factory("data=text_files", f"data.path={f}", "data.max_seq_len=64", "tokenizer.vocab_size=300",
                         f"paths.cache_dir={cache}")
-    get_blocks(cfg64)
+    get_blocks(cfg64.data, cfg64.tokenizer, cfg64.paths.cache_dir)
     assert len(list((cache / "tokens").iterdir())) == 2 and len(list((cache / "blocks").iterdir())) == 4
     assert not list(cache.glob("tokens/*/.map*"))  # map's scratch files are removed
 
 
 def test_blocks_are_memory_mapped(cfg_factory, tmp_path):
     cfg = cfg_factory("data.n_docs=200", "data.n_val_docs=20", f"paths.cache_dir={tmp_path}")
-    _, blocks = get_blocks(cfg)
+    _, blocks = get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir)
     x = blocks["train"]["input_ids"]
     ptr, maps = x.data_ptr(), []
     for line in open("/proc/self/maps"):
@@ -141,7 +142,7 @@ def test_block_stats_count_exactly_in_chunks(cfg_factory, tmp_path):
     from mlmlab.data.corpus import block_stats, iter_rows
     from mlmlab.data.tokenizer import PAD
 
-    _, blocks = get_blocks(cfg_factory("data.n_docs=300", "data.n_val_docs=20", f"paths.cache_dir={tmp_path}"))
+    _, blocks = blocks_of(cfg_factory("data.n_docs=300", "data.n_val_docs=20", f"paths.cache_dir={tmp_path}"))
     b = blocks["train"]
     s = block_stats(b)
     assert s["tokens"] == int((b["input_ids"] != PAD).sum())

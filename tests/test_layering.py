@@ -41,10 +41,8 @@ def test_ruff_finds_nothing():
 WHOLE_CONFIG = {
     "baseline": {"random_init_baseline", "cached_random_init"},
     "config": {"check_known_keys", "validate_downstream", "validate", "validate_reliability", "to_container", "typed"},
-    "data.corpus": {"source_val_blocks", "tokenizer_key", "tokenized_corpus", "get_blocks"},
     "data.tasks": {"data_root", "_cfg_key", "task_registry", "check_available", "local_dir", "load", "_load",
                    "generate"},
-    "data.vocab_stats": {"make_sampler_context"},
     "downstream.minimal_pairs": {"zeroshot_task"},
     "downstream.protocol": {"task_runs", "selection_from_train", "check_label_budgets", "run_task", "run_downstream",
                             "curve_evaluator"},

@@ -56,8 +56,8 @@ def test_every_mask_preset_composes_and_runs(name, cfg_factory, tmp_path):
 
 
 def masked(cfg, batch):
-    tok, blocks = get_blocks(cfg)
-    ctx = make_sampler_context(cfg, tok, blocks)
+    tok, blocks = get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir)
+    ctx = make_sampler_context(cfg.data, cfg.tokenizer, cfg.paths, tok, blocks)
     enc = EncoderConfig.from_model_cfg(cfg.model, tok.get_vocab_size()).to_dict()
     module = MLMModule(enc, build_recipe(cfg.mask, ctx, blocks["train"]), OmegaConf.to_container(cfg.optim), cfg.seed,
                        cfg.trainer.max_steps)
@@ -85,7 +85,7 @@ AXES = [
 @pytest.mark.parametrize("override", AXES)
 def test_each_axis_changes_what_the_model_sees(override, cfg_factory, tmp_path):
     base = cfg_factory()
-    tok, blocks = get_blocks(base)
+    tok, blocks = get_blocks(base.data, base.tokenizer, base.paths.cache_dir)
     tr = blocks["train"]
     batch = {k: v[:32] for k, v in tr.items()}
     batch["block_id"] = torch.arange(32)
@@ -105,7 +105,7 @@ def test_each_axis_changes_what_the_model_sees(override, cfg_factory, tmp_path):
 def test_domain_sampler_replaces_with_domain_terms_only(cfg_factory, tmp_path):
     cfg = cfg_factory("mask=domain_vocab", f"mask.sampler.word_list={word_list(tmp_path)}", "mask.replace.mask=0.0",
                       "mask.replace.random=1.0", "mask.replace.keep=0.0", "mask.rate=0.5")
-    tok, blocks = get_blocks(cfg)
+    tok, blocks = get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir)
     batch = {k: v[:32] for k, v in blocks["train"].items()}
     out = masked(cfg, batch)
     nouns = builtin.make_lexicon(0, 8).nouns[0]
@@ -149,8 +149,8 @@ def test_domain_word_list_out_of_vocabulary_is_reported(cfg_factory, tmp_path):
     p.write_text("12345\n日本語\n")  # characters the built-in language never uses: [UNK] only
     cfg = cfg_factory("mask=domain_vocab", f"mask.sampler.word_list={p}")
     validate(cfg)
-    tok, blocks = get_blocks(cfg)
+    tok, blocks = get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir)
     with pytest.raises(ConfigError, match="out of vocabulary"):
-        build_recipe(cfg.mask, make_sampler_context(cfg, tok, blocks), blocks["train"])
+        build_recipe(cfg.mask, make_sampler_context(cfg.data, cfg.tokenizer, cfg.paths, tok, blocks), blocks["train"])
     with pytest.raises(ConfigError, match="mask.sampler"):
         train(cfg_factory("mask=domain_vocab", f"mask.sampler.word_list={tmp_path / 'missing.txt'}", *QUICK))

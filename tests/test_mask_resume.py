@@ -24,7 +24,7 @@ class MaskTrace(pl.Callback):
 
 
 def fit(cfg, blocks, tok, max_steps, probe, ckpt_in=None, ckpt_out=None):
-    ctx = make_sampler_context(cfg, tok, blocks)
+    ctx = make_sampler_context(cfg.data, cfg.tokenizer, cfg.paths, tok, blocks)
     enc = EncoderConfig.from_model_cfg(cfg.model, tok.get_vocab_size()).to_dict()
     module = MLMModule(enc, build_recipe(cfg.mask, ctx, blocks["train"]), OmegaConf.to_container(cfg.optim), cfg.seed, 6)
     val = {"input_ids": blocks["validation"]["input_ids"][:8], "labels": blocks["validation"]["input_ids"][:8].long(),
@@ -43,7 +43,7 @@ def fit(cfg, blocks, tok, max_steps, probe, ckpt_in=None, ckpt_out=None):
 def test_resumed_run_continues_the_mask_stream(cfg_factory, tmp_path):
     for overrides in ([ "mask=ankner_linear"], ["mask=spanbert", "mask.count=prob_round"]):
         cfg = cfg_factory(*overrides)
-        tok, blocks = get_blocks(cfg)
+        tok, blocks = get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir)
         probe = with_attention_mask({k: v[:8] for k, v in blocks["train"].items()})
         full = fit(cfg, blocks, tok, 6, probe)
         first = fit(cfg, blocks, tok, 3, probe, ckpt_out=tmp_path / "mid.ckpt")

@@ -167,8 +167,8 @@ def test_ddp_two_processes_distinct_reproducible_masks_and_exact_synced_validati
     from mlmlab.data.vocab_stats import make_sampler_context
 
     cfg = make_cfg([*FAST], tmp_path / "ref", cache_dir)
-    tok, blocks = get_blocks(cfg)
-    masker = build_recipe(cfg.mask, make_sampler_context(cfg, tok, blocks), blocks["train"]).masker
+    tok, blocks = get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir)
+    masker = build_recipe(cfg.mask, make_sampler_context(cfg.data, cfg.tokenizer, cfg.paths, tok, blocks), blocks["train"]).masker
     probe = {k: v[:8] for k, v in blocks["train"].items()}
     for step in range(3):
         assert not torch.equal(traces[0][step]["labels"], traces[1][step]["labels"])

@@ -388,7 +388,7 @@ def test_a_corrupt_cache_entry_is_rebuilt_with_a_warning(cfg_factory, tmp_path, 
 
     cache = tmp_path / "cache"
     cfg = cfg_factory("data.n_docs=200", f"paths.cache_dir={cache}")
-    tok, blocks = get_blocks(cfg)
+    tok, blocks = get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir)
     want = blocks["train"]["input_ids"].clone()
     (f,) = [p for p in (cache / "blocks").rglob("input_ids.npy") if len(np.load(p)) == len(want)]
     raw = bytearray(f.read_bytes())
@@ -397,7 +397,7 @@ def test_a_corrupt_cache_entry_is_rebuilt_with_a_warning(cfg_factory, tmp_path, 
     tokjson = next((cache / "tokenizer").rglob("tokenizer.json"))
     tokjson.write_text(tokjson.read_text()[:100])  # truncated
     with caplog.at_level("WARNING", logger="mlmlab.data.cache"):
-        tok2, blocks2 = get_blocks(cfg)
+        tok2, blocks2 = get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir)
     msgs = [r.getMessage() for r in caplog.records]
     assert any("blocks/" in m and "does not match its content hash" in m and "input_ids.npy" in m for m in msgs), msgs
     assert any("tokenizer/" in m and "(tokenizer.json has 100 bytes" in m for m in msgs), msgs
@@ -405,12 +405,12 @@ def test_a_corrupt_cache_entry_is_rebuilt_with_a_warning(cfg_factory, tmp_path, 
     assert tok2.get_vocab() == tok.get_vocab()
     caplog.clear()
     with caplog.at_level("WARNING", logger="mlmlab.data.cache"):
-        get_blocks(cfg)  # intact now: used as is, silently
+        get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir)  # intact now: used as is, silently
     assert not caplog.records
     manifest = next((cache / "tokenizer").rglob("content.json"))
     manifest.unlink()  # an entry from before content hashes: one is recorded, with a warning
     with caplog.at_level("WARNING", logger="mlmlab.data.cache"):
-        get_blocks(cfg)
+        get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir)
     assert any("has no content hash" in r.getMessage() for r in caplog.records) and manifest.exists()
 
 
@@ -512,7 +512,7 @@ def test_non_utf8_corpus_names_file_and_line(cfg_factory, tmp_path):
     cfg = cfg_factory("data=text_files", f"data.path={corpus}", f"paths.cache_dir={tmp_path / 'cache'}")
     validate(cfg)
     with pytest.raises(ConfigError, match=rf"data.path: {corpus}, line 3 \(byte 40\): not valid UTF-8"):
-        get_blocks(cfg)
+        get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir)
     cache = tmp_path / "cache"
     left = [p for p in cache.rglob("*") if p.name == ".lock" or (p.is_dir() and p.parent != cache and not any(p.iterdir()))]
     assert not left, left  # found at the first read, nothing left behind (was: an entry folder holding only its lock)
@@ -539,7 +539,7 @@ def test_long_lines_are_packed_over_blocks_and_counted(cfg_factory, tmp_path):
     cfg = cfg_factory("data=text_files", f"data.path={corpus}", "data.max_seq_len=32",
                       f"paths.cache_dir={tmp_path / 'cache'}")
     report: dict = {}
-    tok, blocks = get_blocks(cfg, report)
+    tok, blocks = get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir, report)
     assert report["train"]["long_docs"] == 1 and report["train"]["max_doc_tokens"] >= 3000
     assert report["train"]["blocks"] == len(blocks["train"]["input_ids"]) > 3000 // 30  # chunked, nothing dropped
 

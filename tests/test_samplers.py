@@ -38,6 +38,10 @@ N = 200_000
 SPECIAL = tuple(range(len(SPECIAL_TOKENS)))
 
 
+def _context(cfg, tok, blocks):
+    return vocab_stats.make_sampler_context(cfg.data, cfg.tokenizer, cfg.paths, tok, blocks)
+
+
 def chi2_pvalue(observed: torch.Tensor, probs: torch.Tensor) -> float:
     """Pearson chi-square goodness of fit of counts to a probability vector (0-probability cells must be empty)."""
     obs, p = observed.double(), probs.double() / probs.double().sum()
@@ -376,13 +380,13 @@ def run_data(cfg_factory, tmp_path):
     from mlmlab.data.corpus import get_blocks
 
     cfg = cfg_factory(f"paths.data_dir={tmp_path / 'data'}")
-    tok, blocks = get_blocks(cfg)
+    tok, blocks = get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir)
     return cfg, tok, blocks
 
 
 def test_make_sampler_context_token_counts(run_data):
     cfg, tok, blocks = run_data
-    ctx = vocab_stats.make_sampler_context(cfg, tok, blocks)
+    ctx = _context(cfg, tok, blocks)
     assert ctx.vocab_size == tok.get_vocab_size() and ctx.special_ids == SPECIAL and ctx.unk_id == UNK
     train = blocks["train"]
     counts = ctx.token_counts()
@@ -392,7 +396,7 @@ def test_make_sampler_context_token_counts(run_data):
                                               minlength=ctx.vocab_size))
     assert counts[[0, 2, 3, 4]].sum() == 0  # [PAD]/[CLS]/[SEP]/[MASK] never at non-special positions
     assert list(Path(cfg.paths.cache_dir).glob("token_counts/*/counts.pt"))  # cached on disk
-    again = vocab_stats.make_sampler_context(cfg, tok, blocks).token_counts()  # a new run reads the cache
+    again = _context(cfg, tok, blocks).token_counts()  # a new run reads the cache
     assert torch.equal(again, counts)
     s = UnigramSampler(ctx, 1.0)
     assert (s.probs[list(SPECIAL)] == 0).all() and torch.equal(s.probs > 0, (counts > 0) & (torch.arange(len(counts)) >= 5))
@@ -400,7 +404,7 @@ def test_make_sampler_context_token_counts(run_data):
 
 def test_domain_corpus_route_picks_over_represented_ids(run_data, tmp_path, monkeypatch):
     cfg, tok, blocks = run_data
-    ctx = vocab_stats.make_sampler_context(cfg, tok, blocks)
+    ctx = _context(cfg, tok, blocks)
     gen = ctx.token_counts()
     vocab = tok.get_vocab()
     whole = [i for t, i in vocab.items() if i >= 5 and t.isalpha() and gen[i] > 0
@@ -431,7 +435,7 @@ def test_domain_corpus_route_picks_over_represented_ids(run_data, tmp_path, monk
     assert set(s.sample(uniforms(5000)).unique().tolist()) <= set(ref)
 
     assert list(Path(cfg.paths.cache_dir).glob("corpus_counts/*/counts.pt"))
-    assert torch.equal(vocab_stats.make_sampler_context(cfg, tok, blocks).corpus_counts("domain.txt"), c_dom)
+    assert torch.equal(_context(cfg, tok, blocks).corpus_counts("domain.txt"), c_dom)
     with pytest.raises(ValueError, match=r"mask\.sampler\.corpus=domain\.txt gave an empty domain vocabulary: 4 ids "
                                          r"occur >= mask\.sampler\.min_count=5 times.*threshold=1e\+06"):
         DomainSampler(ctx, corpus="domain.txt", threshold=1e6)
@@ -453,7 +457,7 @@ def test_read_lines_rejects_non_utf8_and_folders(tmp_path):
 
 def test_sampler_yamls_instantiate(run_data, tmp_path):
     cfg, tok, blocks = run_data
-    ctx = vocab_stats.make_sampler_context(cfg, tok, blocks)
+    ctx = _context(cfg, tok, blocks)
     terms = tmp_path / "terms.txt"
     terms.write_text("the\nand\n", encoding="utf-8")
     paths = sorted(p for p in SAMPLER_CONF.glob("*.yaml") if "defaults" not in OmegaConf.load(p))  # presets: below
@@ -484,8 +488,8 @@ def test_composed_config_sampler_group_instantiates(cfg_factory, tmp_path, name)
     terms.write_text("the\nand\n", encoding="utf-8")
     extra = [f"mask.sampler.word_list={terms}", "mask.sampler.mix=0.5"] if name == "domain" else []
     cfg = cfg_factory(f"mask/sampler={name}", *extra)
-    tok, blocks = get_blocks(cfg)
-    s = instantiate(cfg.mask.sampler, ctx=vocab_stats.make_sampler_context(cfg, tok, blocks))
+    tok, blocks = get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir)
+    s = instantiate(cfg.mask.sampler, ctx=_context(cfg, tok, blocks))
     assert s.name == name and (s.probs[list(SPECIAL)] == 0).all()
 
 
@@ -502,6 +506,6 @@ def test_domain_corpus_presets(preset, corpus, cfg_factory, tmp_path):
         pytest.skip(f"no {corpus} under {SHARED}")
     cfg = cfg_factory(f"mask/sampler={preset}", f"paths.data_dir={SHARED}")
     assert cfg.mask.sampler.corpus == str(SHARED / corpus)
-    tok, blocks = get_blocks(cfg)
-    s = instantiate(cfg.mask.sampler, _partial_=True)(ctx=vocab_stats.make_sampler_context(cfg, tok, blocks))
+    tok, blocks = get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir)
+    s = instantiate(cfg.mask.sampler, _partial_=True)(ctx=_context(cfg, tok, blocks))
     assert s.name == "domain" and 0 < int((s.probs > 0).sum()) < tok.get_vocab_size()

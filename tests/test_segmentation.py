@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import blocks_of
 
-from mlmlab.data.corpus import get_blocks, pack, tokenize
+from mlmlab.data.corpus import pack, tokenize
 from mlmlab.data.tokenizer import segment_words, train_wordpiece
 
 pytest.importorskip("jieba")
@@ -121,9 +122,9 @@ def test_get_blocks_with_jieba(cfg_factory, cache_dir, tmp_path, corpus):
     else:
         f.write_text("\n".join(SENTENCES * 5) + "\n", encoding="utf-8")
     data = ["data=text_files", f"data.path={f}", "data.max_seq_len=64"]
-    tok0, b0 = get_blocks(cfg_factory(*data))
+    tok0, b0 = blocks_of(cfg_factory(*data))
     tokenizers = sorted((cache_dir / "tokenizer").iterdir())
-    tok1, b1 = get_blocks(cfg_factory(*data, "tokenizer.word_segmenter=jieba"))
+    tok1, b1 = blocks_of(cfg_factory(*data, "tokenizer.word_segmenter=jieba"))
     assert sorted((cache_dir / "tokenizer").iterdir()) == tokenizers  # same vocabulary, shared tokenizer
     assert tok1.to_str() == tok0.to_str()
     for split in ("train", "validation"):

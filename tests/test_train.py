@@ -64,7 +64,7 @@ def test_eval_masks_do_not_depend_on_training_mask(cfg_factory):
                                                      "mask.replace.keep=0", "seed=3")
     masks = []
     for cfg in (a, b):
-        tok, blocks = get_blocks(cfg)
+        tok, blocks = get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir)
         v = blocks["validation"]
         e = cfg.eval
         m = mask_once(v["input_ids"], v["special_tokens_mask"], e.rate, MASK,

@@ -259,25 +259,26 @@ def _mixture(d: DictConfig, cache_dir: str | None = None) -> dict:
     return {"train": mixed, "validation": datasets.concatenate_datasets([p["validation"] for p in parts])}
 
 
-def source_val_blocks(cfg: DictConfig, tok) -> list[dict[str, torch.Tensor]]:
+def source_val_blocks(d: DictConfig, t: DictConfig, cache_dir: str | None, tok) -> list[dict[str, torch.Tensor]]:
     """``data.mix``: each source's validation documents packed on their own -- the same cleaning, tokenizer, word
     segmenter and block length as the mixture's validation split (which is these documents in source order), at most
     ``data.max_val_blocks`` blocks each -- for the per-source fixed-mask losses of ``eval.per_source``. In memory:
-    validation splits are small."""
-    d, cache_dir, out = cfg.data, cfg.paths.get("cache_dir"), []
+    validation splits are small. ``d``, ``t``: ``data.*``, ``tokenizer.*``."""
+    out = []
     for i, s in enumerate(d.mix):
         val = _source(s.path, s.get("val_path"), d.doc_sep, d.val_fraction, f"data.mix[{i}]", cache_dir)["validation"]
         texts = list(_cleaned(d, {"validation": val}, cache_dir)["validation"]["text"])
-        ids, words = tokenize(tok, texts, cfg.tokenizer.word_segmenter)
-        out.append({k: v[: cfg.data.max_val_blocks] for k, v in pack(ids, words, cfg.data.max_seq_len).items()})
+        ids, words = tokenize(tok, texts, t.word_segmenter)
+        out.append({k: v[: d.max_val_blocks] for k, v in pack(ids, words, d.max_seq_len).items()})
     return out
 
 
-def tokenizer_key(cfg: DictConfig) -> dict:
+def tokenizer_key(d: DictConfig, t: DictConfig) -> dict:
     """What identifies a trained tokenizer. The word segmenter is left out: it changes word ids, not the vocabulary,
-    so runs with and without segmentation share one tokenizer (and the blocks key adds it back)."""
-    t = {k: v for k, v in dict(cfg.tokenizer).items() if k != "word_segmenter"}
-    return {"corpus": corpus_key(cfg.data), "tokenizer": t, "trainer": 2}  # 2: deterministic (train_wordpiece)
+    so runs with and without segmentation share one tokenizer (and the blocks key adds it back). ``d``, ``t``:
+    ``data.*``, ``tokenizer.*``."""
+    tk = {k: v for k, v in dict(t).items() if k != "word_segmenter"}
+    return {"corpus": corpus_key(d), "tokenizer": tk, "trainer": 2}  # 2: deterministic (train_wordpiece)
 
 
 class _Packer:
@@ -410,18 +411,18 @@ def _tokenize_batch(batch: dict, tok, segmenter: str) -> dict:
             "length": [len(i) for i in ids]}
 
 
-def tokenized_corpus(cfg: DictConfig, tok, split: str, docs) -> object:
+def tokenized_corpus(d: DictConfig, t: DictConfig, cache_dir: str, tok, split: str, docs) -> object:
     """The token ids and word ids of one split's documents: ``datasets.map(batched=True, num_proc=data.num_proc)``
     over the Arrow documents, saved under ``<cache_dir>/tokens/<hash>/`` (the hash of corpus, tokenizer, segmenter and
     split) and memory-mapped from there, so a sweep tokenizes once and changing ``data.max_seq_len`` only re-packs."""
     import datasets
 
-    segmenter = cfg.tokenizer.word_segmenter
-    key = {**tokenizer_key(cfg), "split": split, "word_segmenter": segmenter, "version": 1}
+    segmenter = t.word_segmenter
+    key = {**tokenizer_key(d, t), "split": split, "word_segmenter": segmenter, "version": 1}
 
     def build(tmp: Path) -> None:
         ds = docs()[split]
-        num_proc = cfg.data.num_proc if cfg.data.num_proc > 1 and len(ds) >= 2 * cfg.data.num_proc else None
+        num_proc = d.num_proc if d.num_proc > 1 and len(ds) >= 2 * d.num_proc else None
         scratch = tmp.parent / f".map{os.getpid()}"  # map's own Arrow output (shards with num_proc), out of RAM
         out = ds.map(_tokenize_batch, batched=True, batch_size=1000, num_proc=num_proc, remove_columns=ds.column_names,
                      fn_kwargs={"tok": tok, "segmenter": segmenter}, cache_file_name=f"{scratch}.arrow",
@@ -435,7 +436,7 @@ def tokenized_corpus(cfg: DictConfig, tok, split: str, docs) -> object:
         for f in tmp.parent.glob(f"{scratch.name}*"):
             f.unlink()
 
-    return datasets.load_from_disk(str(cached_file(cfg.paths.cache_dir, "tokens", key, "tokens", build)))
+    return datasets.load_from_disk(str(cached_file(cache_dir, "tokens", key, "tokens", build)))
 
 
 def pack_dataset(tokens, max_seq_len: int, out_dir: Path, what: str = "the corpus") -> None:
@@ -491,44 +492,45 @@ def block_stats(blocks: dict[str, torch.Tensor]) -> dict[str, float | int]:
     return {"tokens": tokens, "cand_frac": cand / (n * seq), "token_frac": body / (n * (seq - 1))}
 
 
-def get_blocks(cfg: DictConfig, report: dict | None = None) -> tuple[object, dict[str, dict[str, torch.Tensor]]]:
-    """The tokenizer and the packed blocks of both splits, from the cache when the same config made them before.
-    ``report``: filled with each split's packing statistics (documents, long documents spread over several blocks)."""
+def get_blocks(d: DictConfig, t: DictConfig, cache_dir: str,
+               report: dict | None = None) -> tuple[object, dict[str, dict[str, torch.Tensor]]]:
+    """The tokenizer and the packed blocks of both splits of ``data.*`` (``d``) with ``tokenizer.*`` (``t``), from the
+    cache (``paths.cache_dir``) when the same settings made them before. ``report``: filled with each split's packing
+    statistics (documents, long documents spread over several blocks)."""
     docs: dict = {}
 
     def lazy_docs() -> dict:
         if not docs:
-            docs.update(document_datasets(cfg.data, cfg.paths.cache_dir))
+            docs.update(document_datasets(d, cache_dir))
         return docs
 
     def build_tok(tmp: Path) -> None:
-        t = cfg.tokenizer
         def texts():
             return (x for batch in lazy_docs()["train"].iter(batch_size=1000) for x in batch["text"])
 
         train_wordpiece(texts, t.vocab_size, t.lowercase, t.min_frequency).save(str(tmp))
 
-    tok = load_tokenizer(cached_file(cfg.paths.cache_dir, "tokenizer", tokenizer_key(cfg), "tokenizer.json", build_tok))
-    got, asked = tok.get_vocab_size(), cfg.tokenizer.vocab_size
+    tok = load_tokenizer(cached_file(cache_dir, "tokenizer", tokenizer_key(d, t), "tokenizer.json", build_tok))
+    got, asked = tok.get_vocab_size(), t.vocab_size
     if got != asked:  # recorded as data.vocab_size in results.json; said here so that nobody reads the wrong number
         why = ("every character of the corpus is kept as a token (WordPiece's alphabet), more than the size asked for"
-               if got > asked else f"the corpus has no more pieces seen >= {cfg.tokenizer.min_frequency} times")
+               if got > asked else f"the corpus has no more pieces seen >= {t.min_frequency} times")
         log.warning("tokenizer.vocab_size=%d asked, the tokenizer has %d tokens: %s", asked, got, why)
 
-    segmenter = cfg.tokenizer.word_segmenter
+    segmenter = t.word_segmenter
     out = {}
     for split in ("train", "validation"):
-        key = {**tokenizer_key(cfg), "max_seq_len": cfg.data.max_seq_len, "packing": 2, "split": split}
+        key = {**tokenizer_key(d, t), "max_seq_len": d.max_seq_len, "packing": 2, "split": split}
         if segmenter != "none":
             key["word_segmenter"] = segmenter
 
         def build(tmp: Path, split=split) -> None:
-            src = cfg.data.get("hub") if uses_hub(cfg.data) else (cfg.data.get("path") or cfg.data.name)
-            pack_dataset(tokenized_corpus(cfg, tok, split, lazy_docs), cfg.data.max_seq_len, tmp,
-                         f"the {split} split of data={cfg.data.name} ({src})")
+            src = d.get("hub") if uses_hub(d) else (d.get("path") or d.name)
+            pack_dataset(tokenized_corpus(d, t, cache_dir, tok, split, lazy_docs), d.max_seq_len, tmp,
+                         f"the {split} split of data={d.name} ({src})")
 
-        d = cached_file(cfg.paths.cache_dir, "blocks", key, "blocks", build)
-        out[split] = load_blocks(d)
-        if report is not None and (d / "stats.json").exists():
-            report[split] = json.loads((d / "stats.json").read_text())
+        where = cached_file(cache_dir, "blocks", key, "blocks", build)
+        out[split] = load_blocks(where)
+        if report is not None and (where / "stats.json").exists():
+            report[split] = json.loads((where / "stats.json").read_text())
     return tok, out

@@ -21,7 +21,7 @@ import hashlib
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from mlmlab.data.cache import cached_file, config_hash
 from mlmlab.data.corpus import _read_docs, iter_rows, text_files, tokenizer_key
@@ -98,18 +98,19 @@ def _cached_counts(cache_dir: str, kind: str, key: dict, compute) -> torch.Tenso
     return torch.load(cached_file(cache_dir, kind, key, "counts.pt", build), weights_only=True)
 
 
-def make_sampler_context(cfg: DictConfig, tok, blocks: dict[str, dict[str, torch.Tensor]]) -> SamplerContext:
-    """The SamplerContext of a run: ``tok`` and ``blocks`` are what :func:`mlmlab.data.corpus.get_blocks` returned."""
+def make_sampler_context(d: DictConfig, t: DictConfig, paths: DictConfig, tok,
+                         blocks: dict[str, dict[str, torch.Tensor]]) -> SamplerContext:
+    """The SamplerContext of a run: ``tok`` and ``blocks`` are what :func:`mlmlab.data.corpus.get_blocks` returned for
+    ``data.*`` (``d``) and ``tokenizer.*`` (``t``); ``paths.*``: the cache and the data dir."""
     vocab_size = tok.get_vocab_size()
-    special = tuple(sorted(i for i in (tok.token_to_id(t) for t in SPECIAL_TOKENS) if i is not None))
-    cache_dir = cfg.paths.cache_dir
-    data_dir = OmegaConf.select(cfg, "paths.data_dir", default=None)
+    special = tuple(sorted(i for i in (tok.token_to_id(s) for s in SPECIAL_TOKENS) if i is not None))
+    cache_dir, data_dir = paths.cache_dir, paths.data_dir
     memo: dict[str, torch.Tensor] = {}
 
     def token_counts() -> torch.Tensor:
         if "train" not in memo:
             train = blocks["train"]
-            key = {**tokenizer_key(cfg), "max_seq_len": cfg.data.max_seq_len, "split": "train",
+            key = {**tokenizer_key(d, t), "max_seq_len": d.max_seq_len, "split": "train",
                    "blocks_shape": list(train["input_ids"].shape), "tokenizer_sha": _tokenizer_hash(tok),
                    "version": COUNTS_VERSION}
             memo["train"] = _cached_counts(cache_dir, "token_counts", key, lambda: block_token_counts(train, vocab_size))
