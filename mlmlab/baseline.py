@@ -7,10 +7,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from omegaconf import DictConfig
-
-from mlmlab.config import to_container
-from mlmlab.job import trainer_kwargs
+from mlmlab.config import plain
 
 log = logging.getLogger(__name__)
 # data.* keys that only say how the pretraining corpus is loaded: the random-init row does not depend on them, so arms
@@ -18,9 +15,12 @@ log = logging.getLogger(__name__)
 LOADER_ONLY = ("batch_size", "val_batch_size", "num_workers", "num_proc", "max_val_blocks")
 
 
-def random_init_baseline(cfg: DictConfig, tok, encoder_cfg: dict, ft: dict, record, seed: int) -> dict[str, float]:
-    """``downstream.random_init_baseline=true``: the same downstream protocol (tasks, lr grid chosen on its own, seeds)
-    on the encoder the pretraining started from, untrained (the init of ``seed``, as ``objective=none`` gets it). Returns
+def random_init_baseline(p, data, cache_dir: str, trainer_kw: dict, tok, encoder_cfg: dict, ft: dict, record,
+                         seed: int) -> dict[str, float]:
+    """``downstream.random_init_baseline=true``: the same downstream protocol (``p``, a
+    :class:`mlmlab.downstream.Protocol`: tasks, lr grid chosen on its own, seeds) on the encoder the pretraining started
+    from, untrained (the init of ``seed``, as ``objective=none`` gets it), with the job's Trainer arguments
+    (``trainer_kw``); cached (``paths.cache_dir``) under a key that holds the pretraining ``data.*``. Returns
     ``random_init/<task>/...`` and the paired gains ``gain/<task>/...`` (mlmlab.downstream.paired_gain)."""
     import torch
     from pytorch_lightning.utilities.seed import isolate_rng
@@ -34,19 +34,20 @@ def random_init_baseline(cfg: DictConfig, tok, encoder_cfg: dict, ft: dict, reco
         model = CausalLM(c) if c.causal else BertForMLM(c)
         state = {k: v.detach().clone() for k, v in model.bert.state_dict().items()}
     def compute() -> tuple[dict, dict]:
-        return run_downstream(cfg, tok, encoder_cfg, state, {**trainer_kwargs(cfg.trainer), "devices": 1}, lm=model)
+        return run_downstream(p, tok, encoder_cfg, state, {**trainer_kw, "devices": 1}, lm=model)
 
     with record.timer("finetune_random_init"):
-        if cfg.downstream.reuse_random_init:
-            base, report, reused = cached_random_init(cfg, tok, encoder_cfg, seed, compute)
+        if p.ds.reuse_random_init:
+            base, report, reused = cached_random_init(p, data, cache_dir, trainer_kw["precision"], tok, encoder_cfg,
+                                                      seed, compute)
             if reused:
                 report = {**report, "reused_from": reused}
                 log.info("random-init baseline: reused %s (same tokenizer, encoder, seed and protocol)", reused)
         else:
             base, report = compute()
     record.set(downstream_random_init=report)
-    mains = {key: spec.main_metric for key, spec, _ in task_runs(cfg)}
-    gain = paired_gain(ft, base, mains, list(cfg.downstream.seeds)) if cfg.downstream.protocol != "probe" else {}
+    mains = {key: spec.main_metric for key, spec, _ in task_runs(p)}
+    gain = paired_gain(ft, base, mains, list(p.ds.seeds)) if p.ds.protocol != "probe" else {}
     gain.update(zeroshot_gain(record.data.get("downstream") or {}, report))
     log.info("random-init baseline: %s", {k: round(v, 4) for k, v in {**base, **gain}.items() if "seed_" not in k})
     probe = {f"gain_probe/{k.split('/', 1)[1]}": ft[k] - base[k] for k in ft if k.startswith("probe/") and k in base}
@@ -55,7 +56,8 @@ def random_init_baseline(cfg: DictConfig, tok, encoder_cfg: dict, ft: dict, reco
     return {**renamed, **gain, **probe}
 
 
-def cached_random_init(cfg: DictConfig, tok, encoder_cfg: dict, seed: int, compute) -> tuple[dict, dict, str | None]:
+def cached_random_init(p, data, cache_dir: str, precision: str, tok, encoder_cfg: dict, seed: int,
+                       compute) -> tuple[dict, dict, str | None]:
     """The random-init row once per sweep: its metrics and report (per-item predictions included) cached under a hash
     of everything it depends on -- the tokenizer, the encoder's shape, the init seed, the data config (built-in tasks
     are generated from it), the whole downstream protocol and its code's version, the precision and the CPU kind
@@ -66,16 +68,15 @@ def cached_random_init(cfg: DictConfig, tok, encoder_cfg: dict, seed: int, compu
     import json
 
     from mlmlab.data.cache import cached_file
-    from mlmlab.data.tasks import data_root
 
-    ds = {k: v for k, v in to_container(cfg)["downstream"].items() if k not in ("wandb_runs", "reuse_random_init")}
+    ds = {k: v for k, v in plain(p.ds).items() if k not in ("wandb_runs", "reuse_random_init")}
     from mlmlab.downstream import PROTOCOL_VERSION
     from mlmlab.hardware import cpu_kind
 
     key = {"kind": "random_init_v2", "tokenizer_sha": hashlib.sha256(tok.to_str().encode()).hexdigest(),
            "encoder": encoder_cfg, "seed": seed, "downstream": ds,
-           "data": {k: v for k, v in to_container(cfg)["data"].items() if k not in LOADER_ONLY},
-           "data_dir": str(data_root(cfg)), "precision": trainer_kwargs(cfg.trainer)["precision"],
+           "data": {k: v for k, v in plain(data).items() if k not in LOADER_ONLY},
+           "data_dir": str(p.src.root), "precision": precision,
            "protocol": PROTOCOL_VERSION, "cpu": cpu_kind()}  # the same job moves ~1 point between CPU kinds
     built = False
 
@@ -85,7 +86,7 @@ def cached_random_init(cfg: DictConfig, tok, encoder_cfg: dict, seed: int, compu
         tmp.write_text(json.dumps({"metrics": base, "report": report}, default=str))
         built = True
 
-    path = cached_file(cfg.paths.cache_dir, "random_init", key, "random_init.json", build)
+    path = cached_file(cache_dir, "random_init", key, "random_init.json", build)
     data = json.loads(path.read_text())
     return data["metrics"], data["report"], None if built else str(path)
 

@@ -514,13 +514,13 @@ def validate_objective(o: DictConfig, model: DictConfig) -> None:
 
 def validate_downstream(cfg: DictConfig, objective: str, max_positions: int) -> None:
     """``downstream.*`` (shared by pretraining jobs and ``mlmlab.finetune``): tasks known and loadable, protocol values."""
-    from mlmlab.data.tasks import task_registry
+    from mlmlab.data.tasks import TaskSource, task_registry
 
     ds = cfg.downstream
-    tasks = task_registry(cfg)
+    tasks, src = task_registry(ds.task_dirs), TaskSource.of(cfg.paths, cfg.data, ds)
     for i, name in enumerate(ds.tasks):
         _check_choice(f"downstream.tasks[{i}]", name, sorted(tasks))
-        tasks[name].check_available(cfg)
+        tasks[name].check_available(src)
     _check(len(ds.tasks) == 0 or len(ds.seeds) >= 1, "downstream.seeds must list at least one seed when tasks are set")
     from mlmlab.zeroshot import PLL_VARIANTS
 

@@ -45,12 +45,12 @@ def finetune(cfg: DictConfig) -> dict[str, float]:
 
 def _body(cfg: DictConfig, job: Job, loaded: dict) -> dict[str, float]:
     from mlmlab.checkpoint import encoder_state, language_model
-    from mlmlab.data.tasks import task_registry
-    from mlmlab.downstream import check_label_budgets, run_downstream, save_predictions
+    from mlmlab.downstream import Protocol, check_label_budgets, run_downstream, save_predictions
 
     config, info, out_dir, record = job.config, job.info, job.out_dir, job.record
     ckpt_info, tok = loaded["info"], loaded["tokenizer"]
-    tasks = task_registry(cfg)
+    proto = Protocol.of(cfg.paths, cfg.data, cfg.downstream)
+    tasks = proto.tasks
     zero_shot = any(tasks[n].kind == "minimal_pairs" for n in cfg.downstream.tasks)
     lm = language_model(ckpt_info, loaded["state_dict"]) if zero_shot else None
     encoder_cfg, enc_state = ckpt_info["encoder_config"], encoder_state(ckpt_info, loaded.pop("state_dict"))
@@ -59,15 +59,14 @@ def _body(cfg: DictConfig, job: Job, loaded: dict) -> dict[str, float]:
                                   "encoder_key": ckpt_info["encoder_key"], "pretrain_config": ckpt_info["config"]})
     with record.timer("data"):
         for name in cfg.downstream.tasks:
-            tasks[name].load(cfg)
-        check_label_budgets(cfg)
+            tasks[name].load(proto.src)
+        check_label_budgets(proto)
     # named after the pretraining run dir, so the fine-tunes of a sweep's checkpoints stay apart in its group
-    w = cfg.logger.wandb
+    w, trainer_kw = cfg.logger.wandb, trainer_kwargs(cfg.trainer)
     job.run = start_wandb(w, config, info, out_dir, job_type="finetune", group=ckpt_info.get("wandb_group"),
                                name_prefix=f"ft:{ckpt_path.parent.parent.name}:")
     with record.timer("finetune"):
-        metrics, report = run_downstream(cfg, tok, encoder_cfg, enc_state,
-                                         {**trainer_kwargs(cfg.trainer), "devices": 1},
+        metrics, report = run_downstream(proto, tok, encoder_cfg, enc_state, {**trainer_kw, "devices": 1},
                                          finetune_runs(w, cfg.downstream.wandb_runs, config, info, out_dir,
                                                        ckpt_info.get("wandb_group"),
                                                        f"ft:{ckpt_path.parent.parent.name}",
@@ -77,7 +76,8 @@ def _body(cfg: DictConfig, job: Job, loaded: dict) -> dict[str, float]:
     if cfg.downstream.random_init_baseline:  # the untrained encoder the checkpoint's pretraining started from
         from mlmlab.baseline import random_init_baseline
 
-        metrics.update(random_init_baseline(cfg, tok, encoder_cfg, metrics, record, ckpt_info["config"]["seed"]))
+        metrics.update(random_init_baseline(proto, cfg.data, cfg.paths.cache_dir, trainer_kw, tok, encoder_cfg, metrics,
+                                            record, ckpt_info["config"]["seed"]))
     save_predictions(out_dir, record)
     log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})
     return metrics

@@ -1,4 +1,5 @@
-"""The pretraining stages of a job (``mlmlab.train``), each taking the groups it uses -- ``trainer.*`` and
+"""The pretraining stages of a job (``mlmlab.train``) and their named results (:class:`Data`, :class:`MaskingPlan`,
+:class:`Pretraining`), each stage taking the groups it uses -- ``trainer.*`` and
 ``data.*`` as their typed owners (``TrainerConfig``, ``DataConfig``), the step's cost (:class:`mlmlab.flops.StepCost`),
 the module built by the job -- and returning named results: the budget turned into steps (calibrated when it is in
 seconds), the Trainer with its guard and evaluation curve (:class:`Pretraining`), the fit and its training metrics,
@@ -9,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,44 @@ from mlmlab.flops import StepCost, steps_for_budget
 from mlmlab.job import trainer_kwargs, wandb_barrier
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Data:
+    """Stage 1's output: the tokenizer, the packed training blocks, the validation blocks (at most
+    ``data.max_val_blocks``), the sampler context (unigram counts, domain vocabularies) and the corpus statistics."""
+    tok: Any
+    train_blocks: dict
+    val_blocks: dict
+    ctx: Any
+    stats: dict
+    packing: dict
+    source_val: list = field(default_factory=list)  # eval.per_source: each data.mix source's validation blocks
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size()
+
+
+@dataclass
+class MaskingPlan:
+    """Stage 2's output, the one place a run's masking is decided: the recipe the pretraining module masks with
+    (masker, rate schedule, random source, special ids: ``mask.*``) and the fixed evaluation masks of the validation
+    blocks (``eval.*``)."""
+    recipe: Any  # mlmlab.masking.MaskingRecipe
+    fixed: Any  # MaskedBatch of the validation blocks
+    val: dict  # what the data module serves for validation
+    suffix: str  # the fixed-mask metrics' suffix (r15): val/mlm_loss_<suffix>
+    # scored once at the end, {metric suffix: validation dict}: eval.units after the first (r15w), eval.per_source (r15_mix<i>)
+    extra_val: dict = field(default_factory=dict)
+
+    @property
+    def sampler(self):
+        return self.recipe.masker.sampler
+
+    @property
+    def schedule(self):
+        return self.recipe.schedule
 
 
 @dataclass

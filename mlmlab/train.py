@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
 
 import hydra
 from omegaconf import DictConfig
@@ -19,6 +17,7 @@ from omegaconf import DictConfig
 from mlmlab.baseline import random_init_baseline, unigram_reference
 from mlmlab.build import build_module, build_recipe, eval_suffix, model_record
 from mlmlab.config import ConfigError, eval_units, typed, validate
+from mlmlab.downstream import Protocol, check_label_budgets, curve_evaluator, run_downstream, save_predictions
 from mlmlab.flops import step_cost
 from mlmlab.job import (
     Job,
@@ -29,7 +28,16 @@ from mlmlab.job import (
     trainer_kwargs,
     wandb_group,
 )
-from mlmlab.pretraining import build_trainer, calibrate_budget, calibrate_seconds, evaluate, plan_budget, pretrain
+from mlmlab.pretraining import (
+    Data,
+    MaskingPlan,
+    build_trainer,
+    calibrate_budget,
+    calibrate_seconds,
+    evaluate,
+    plan_budget,
+    pretrain,
+)
 
 log = logging.getLogger(__name__)  # (W&B offline and silent by default: mlmlab.job)
 
@@ -59,70 +67,38 @@ def check_job(cfg: DictConfig) -> None:
     validate(cfg)
 
 
-@dataclass
-class Data:
-    """Stage 1's output: the tokenizer, the packed training blocks, the validation blocks (at most
-    ``data.max_val_blocks``), the sampler context (unigram counts, domain vocabularies) and the corpus statistics."""
-    tok: Any
-    train_blocks: dict
-    val_blocks: dict
-    ctx: Any
-    stats: dict
-    packing: dict
-    source_val: list = field(default_factory=list)  # eval.per_source: each data.mix source's validation blocks
-
-    @property
-    def vocab_size(self) -> int:
-        return self.tok.get_vocab_size()
-
-
-@dataclass
-class MaskingPlan:
-    """Stage 2's output, the one place a run's masking is decided: the recipe the pretraining module masks with
-    (masker, rate schedule, random source, special ids: ``mask.*``) and the fixed evaluation masks of the validation
-    blocks (``eval.*``)."""
-    recipe: Any  # mlmlab.masking.MaskingRecipe
-    fixed: Any  # MaskedBatch of the validation blocks
-    val: dict  # what the data module serves for validation
-    suffix: str  # the fixed-mask metrics' suffix (r15): val/mlm_loss_<suffix>
-    # scored once at the end, {metric suffix: validation dict}: eval.units after the first (r15w), eval.per_source (r15_mix<i>)
-    extra_val: dict = field(default_factory=dict)
-
-    @property
-    def sampler(self):
-        return self.recipe.masker.sampler
-
-    @property
-    def schedule(self):
-        return self.recipe.schedule
-
-
 def _run(cfg: DictConfig, job: Job) -> dict[str, float]:
-    """The pretraining job, stage by stage. ``cfg`` is made typed once (``c``: ``TrainConfig``); each stage takes the
-    groups it uses. The data stage and the downstream stage still read the composed config (their task registry and
-    protocol do)."""
+    """The pretraining job, stage by stage: ``cfg`` is made typed once (``c``: ``TrainConfig``) and each stage takes the
+    groups it uses (the data and downstream stages still take composed nodes: ``cfg.data``, ``cfg.downstream``)."""
     c, record, out_dir = typed(cfg), job.record, job.out_dir
     # (resume: the data module's ResumableSampler position travels in the checkpoint, mlmlab.guard)
     for noise in (".*does not have many workers.*", ".*exists and is not empty.*", ".*your dataloader is not resumable.*"):
         warnings.filterwarnings("ignore", noise)
-    objective = c.objective.name
+    objective, proto = c.objective.name, Protocol.of(cfg.paths, cfg.data, cfg.downstream)
     with record.timer("data"):
-        data = prepare_data(cfg)
+        data = prepare_data(proto, cfg.data, cfg.tokenizer, cfg.paths, c.eval.per_source)
         masking = build_masking_plan(build_recipe(c.mask, data.ctx, data.train_blocks), c.eval, data)
         dm = datamodule(c.data, c.seed, data, masking.val)
     cost = step_cost(c.trainer, c.data, c.model, c.objective, c.mask, data.vocab_size, masking.schedule,
                      data.stats["cand_frac"], data.stats["token_frac"])
     max_steps, budget = plan_budget(c.trainer, cost, record)
     describe(record, objective, c.data, data, masking, job.info)
-    job.run = start_logging(cfg, job, record) if job.rank == 0 else None
-    encoder_cfg = encoder_config(c.model, data.vocab_size, objective)
+    job.run = start_logging(c.logger.wandb, c.resume, job) if job.rank == 0 else None
+    encoder_cfg, trainer_kw = encoder_config(c.model, data.vocab_size, objective), trainer_kwargs(c.trainer)
     import pytorch_lightning as pl
 
     pl.seed_everything(c.seed, workers=True, verbose=False)
     make = partial(build_module, c.objective, c.optim, c.seed, masking.suffix, encoder_cfg, recipe=masking.recipe)
     max_steps, budget = calibrate_budget(c.trainer, c.resume, lambda: calibrate_seconds(c.trainer, c.data, make, dm),
                                          cost, record, max_steps, budget)
-    p = build_pretraining(cfg, c, job, data, dm, make(max_steps=max(1, max_steps)), encoder_cfg, max_steps, budget)
+    module = make(max_steps=max(1, max_steps))
+    record.set(model=model_record(module, encoder_cfg), precision=trainer_kw["precision"])
+    w = c.logger.wandb
+    curve = eval_curve(c.eval.zeroshot_every_n_steps, c.eval.zeroshot_n_per_paradigm, proto, data.tok, encoder_cfg,
+                       trainer_kw["precision"]) if objective != "none" else None
+    p = build_trainer(c.trainer, module, dm, out_dir, record, max_steps, budget, run_info(job, data, encoder_cfg, module,
+                      w), run=job.run, flush_seconds=w.flush_seconds if w else 2.0, curve=curve,
+                      resume_from=resume_check(c.resume, job), trains=objective != "none")
     metrics: dict[str, float] = {}
     if objective != "none":
         d, ckpt = c.data, out_dir / "checkpoints" / "last.ckpt"
@@ -131,32 +107,35 @@ def _run(cfg: DictConfig, job: Job) -> dict[str, float]:
     metrics.update(evaluate(p, dm, masking.extra_val, lambda val: datamodule(c.data, c.seed, data, val), record))
     if not p.trainer.is_global_zero:
         return metrics
-    metrics.update(downstream(cfg, job, data, encoder_cfg, p.module))
+    metrics.update(downstream(proto, job, data, encoder_cfg, module, trainer_kw, w))
+    if proto.ds.random_init_baseline and proto.ds.tasks:
+        metrics.update(random_init_baseline(proto, cfg.data, c.paths.cache_dir, trainer_kw, data.tok, encoder_cfg,
+                                            metrics, record, c.seed))
+    save_predictions(out_dir, record)
     log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})
     return metrics
 
 
-def prepare_data(cfg: DictConfig) -> Data:
+def prepare_data(proto: Protocol, d, t, paths, per_source: bool) -> Data:
     """Stage 1: every downstream task loaded (and checked) first -- a bad file or an unreachable hub fails before the
-    corpus is tokenized -- then the tokenizer and the packed blocks (cached), and the sampler context."""
+    corpus is tokenized -- then the tokenizer and the packed blocks of ``data.*`` / ``tokenizer.*`` (``d``, ``t``;
+    cached under ``paths.cache_dir``), the sampler context and (``eval.per_source``) each mixture source's blocks."""
     from mlmlab.data.corpus import block_stats, get_blocks, source_val_blocks
-    from mlmlab.data.tasks import task_registry
     from mlmlab.data.vocab_stats import make_sampler_context
-    from mlmlab.downstream import check_label_budgets
 
-    for name in cfg.downstream.tasks:
-        task_registry(cfg)[name].load(cfg)
-    check_label_budgets(cfg)
+    for name in proto.ds.tasks:
+        proto.tasks[name].load(proto.src)
+    check_label_budgets(proto)
     packing: dict = {}
-    tok, blocks = get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir, packing)
+    tok, blocks = get_blocks(d, t, paths.cache_dir, packing)
     train_blocks = blocks["train"]
     n_train = len(train_blocks["input_ids"])
-    if n_train < cfg.data.batch_size:
-        raise ConfigError(f"data.batch_size={cfg.data.batch_size} is larger than the {n_train} training blocks; "
+    if n_train < d.batch_size:
+        raise ConfigError(f"data.batch_size={d.batch_size} is larger than the {n_train} training blocks; "
                           f"allowed: 1..{n_train}")
-    val_blocks = {k: v[: cfg.data.max_val_blocks] for k, v in blocks["validation"].items()}
-    ctx = make_sampler_context(cfg.data, cfg.tokenizer, cfg.paths, tok, blocks)
-    source_val = source_val_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir, tok) if cfg.eval.per_source else []
+    val_blocks = {k: v[: d.max_val_blocks] for k, v in blocks["validation"].items()}
+    ctx = make_sampler_context(d, t, paths, tok, blocks)
+    source_val = source_val_blocks(d, t, paths.cache_dir, tok) if per_source else []
     return Data(tok, train_blocks, val_blocks, ctx, block_stats(train_blocks), packing, source_val)
 
 
@@ -220,17 +199,17 @@ def describe(record, objective: str, d, data: Data, masking: MaskingPlan, info: 
     log.info("data: %s", record.data["data"])
 
 
-def start_logging(cfg: DictConfig, job: Job, record):
-    """Stage 4: the W&B run (rank 0), continuing the W&B run of a ``resume=`` checkpoint. W&B is never the only copy:
-    when it fails to start, the job logs and records why and goes on without it."""
+def start_logging(w, resume: str | None, job: Job):
+    """Stage 4: the W&B run of ``logger.wandb`` (``w``; rank 0), continuing the W&B run of a ``resume=`` checkpoint.
+    W&B is never the only copy: when it fails to start, the job logs and records why and goes on without it."""
     from mlmlab.checkpoint import resume_wandb_id
 
     try:
-        return start_wandb(cfg.logger.wandb, job.config, job.info, job.out_dir, run_id=resume_wandb_id(cfg.resume))
+        return start_wandb(w, job.config, job.info, job.out_dir, run_id=resume_wandb_id(resume))
     except Exception as e:
         log.error("W&B failed to start (%s: %s); continuing without W&B (results.json is still written)",
                   type(e).__name__, e)
-        record.set(wandb_error=f"{type(e).__name__}: {e}")
+        job.record.set(wandb_error=f"{type(e).__name__}: {e}")
         return None
 
 
@@ -241,50 +220,47 @@ def encoder_config(model, vocab_size: int, objective: str) -> dict:
     return EncoderConfig.from_model_cfg(model, vocab_size, causal=objective == "clm").to_dict()
 
 
-def build_pretraining(cfg: DictConfig, c, job: Job, data: Data, dm, module, encoder_cfg: dict, max_steps: int,
-                      budget: dict):
-    """Stage 6: the module's record, the resume check, the run-info callback and evaluation curve, then the Trainer
-    (mlmlab.pretraining.build_trainer)."""
-    from mlmlab.checkpoint import RunInfo, check_resume, run_info
+def resume_check(resume: str | None, job: Job):
+    """``resume=``: the checkpoint to continue, checked against this job's config (recorded), else None."""
+    if resume is None:
+        return None
+    from mlmlab.checkpoint import check_resume
 
-    precision = trainer_kwargs(c.trainer)["precision"]
-    job.record.set(model=model_record(module, encoder_cfg), precision=precision)
-    resume_from = None
-    if c.resume is not None:
-        resume_from = check_resume(c.resume, job.config)
-        job.record.set(resumed_from=str(resume_from))
-    run = job.run
-    info = RunInfo(run_info(job.config, data.tok, encoder_cfg, module, wandb_group(c.logger.wandb, job.info),
-                            run.id if run is not None else None))
-    curve = None
-    if c.eval.zeroshot_every_n_steps is not None and c.objective.name != "none":
-        from mlmlab.downstream import curve_evaluator
-        from mlmlab.lit.curves import EvalCurve
-
-        curve = EvalCurve(c.eval.zeroshot_every_n_steps, curve_evaluator(cfg, data.tok, encoder_cfg, precision))
-    w = c.logger.wandb
-    return build_trainer(c.trainer, module, dm, job.out_dir, job.record, max_steps, budget, info, run=run,
-                         flush_seconds=w.flush_seconds if w is not None else 2.0, curve=curve,
-                         resume_from=resume_from, trains=c.objective.name != "none")
+    path = check_resume(resume, job.config)
+    job.record.set(resumed_from=str(path))
+    return path
 
 
-def downstream(cfg: DictConfig, job: Job, data: Data, encoder_cfg: dict, module) -> dict[str, float]:
-    """Stage 9 (rank 0): every downstream task x seed on the pretrained encoder, the random-init row on the same
-    protocol with the paired gains, and the per-item predictions."""
-    from mlmlab.downstream import run_downstream, save_predictions
+def run_info(job: Job, data: Data, encoder_cfg: dict, module, w):
+    """The callback that puts what a checkpoint needs to be used alone (config, tokenizer, encoder, W&B run) in it."""
+    from mlmlab.checkpoint import RunInfo
+    from mlmlab.checkpoint import run_info as info
 
-    record, info, w = job.record, job.info, cfg.logger.wandb
+    return RunInfo(info(job.config, data.tok, encoder_cfg, module, wandb_group(w, job.info),
+                        job.run.id if job.run is not None else None))
+
+
+def eval_curve(every: int | None, n_per_paradigm: int | None, proto: Protocol, tok, encoder_cfg: dict, precision: str):
+    """``eval.zeroshot_every_n_steps``: BLiMP and the probes every n steps of pretraining (mlmlab.lit.curves), or None."""
+    if every is None:
+        return None
+    from mlmlab.lit.curves import EvalCurve
+
+    return EvalCurve(every, curve_evaluator(proto, n_per_paradigm, tok, encoder_cfg, precision))
+
+
+def downstream(proto: Protocol, job: Job, data: Data, encoder_cfg: dict, module, trainer_kw: dict, w) -> dict[str, float]:
+    """Stage 9 (rank 0): every downstream task x seed on the pretrained encoder (W&B runs per fine-tuning with
+    ``downstream.wandb_runs`` and ``logger.wandb``, ``w``)."""
+    record, info = job.record, job.info
     encoder_state = {k: v.detach().cpu().clone() for k, v in module.encoder().state_dict().items()}
     with record.timer("finetune"):
         metrics, report = run_downstream(
-            cfg, data.tok, encoder_cfg, encoder_state, {**trainer_kwargs(cfg.trainer), "devices": 1},
-            finetune_runs(w, cfg.downstream.wandb_runs, job.config, info, job.out_dir, wandb_group(w, info),
+            proto, data.tok, encoder_cfg, encoder_state, {**trainer_kw, "devices": 1},
+            finetune_runs(w, proto.ds.wandb_runs, job.config, info, job.out_dir, wandb_group(w, info),
                           info.get("override_dirname") or "default"),
             lm=module.model, unigram_counts=data.ctx.token_counts())
     record.set(downstream=report)
-    if cfg.downstream.random_init_baseline and cfg.downstream.tasks:
-        metrics.update(random_init_baseline(cfg, data.tok, encoder_cfg, metrics, record, cfg.seed))
-    save_predictions(job.out_dir, record)
     return metrics
 
 

@@ -105,6 +105,15 @@ def blocks_of(cfg, report: dict | None = None):
     return get_blocks(cfg.data, cfg.tokenizer, cfg.paths.cache_dir, report)
 
 
+def prepared(cfg):
+    """Stage 1 of a pretraining job (``mlmlab.train.prepare_data``) for a composed config."""
+    from mlmlab.downstream import Protocol
+    from mlmlab.train import prepare_data
+
+    return prepare_data(Protocol.of(cfg.paths, cfg.data, cfg.downstream), cfg.data, cfg.tokenizer, cfg.paths,
+                        cfg.eval.per_source)
+
+
 @pytest.fixture
 def bf16_host(monkeypatch):
     """The host counts as having native CPU bf16, for tests about a preset or a setting rather than the host (CI may

@@ -18,11 +18,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conftest import FAST, make_cfg  # noqa: E402
+from conftest import FAST, make_cfg, prepared  # noqa: E402
 
 from mlmlab.build import build_module, build_recipe, eval_suffix  # noqa: E402
 from mlmlab.data.datamodule import with_attention_mask  # noqa: E402
-from mlmlab.train import build_masking_plan, datamodule, encoder_config, prepare_data  # noqa: E402
+from mlmlab.train import build_masking_plan, datamodule, encoder_config  # noqa: E402
 
 STEPS = 3
 
@@ -38,7 +38,7 @@ class MaskProbe(pl.Callback):
 
 def main(out: Path, cache: Path) -> None:
     cfg = make_cfg([*FAST, "data.val_batch_size=16"], out / "run", cache)
-    data = prepare_data(cfg)  # the job's own stages (mlmlab.train), then a 2-process DDP Trainer of its own
+    data = prepared(cfg)  # the job's own stages (mlmlab.train), then a 2-process DDP Trainer of its own
     masking = build_masking_plan(build_recipe(cfg.mask, data.ctx, data.train_blocks), cfg.eval, data)
     dm, val = datamodule(cfg.data, cfg.seed, data, masking.val), masking.val
     pl.seed_everything(cfg.seed, workers=True, verbose=False)

@@ -257,17 +257,21 @@ def test_random_init_rows_are_reused_per_cpu_kind_and_protocol(cfg_factory, monk
         calls.append(1)
         return {"random_init/x/acc": 0.5 + 0.1 * len(calls)}, {"x": {"acc": 0.5}}
 
-    first = baseline.cached_random_init(cfg, Tok(), {"hidden": 8}, 0, compute)
-    again = baseline.cached_random_init(cfg, Tok(), {"hidden": 8}, 0, compute)
+    def row(c):
+        p = downstream.Protocol.of(c.paths, c.data, c.downstream)
+        return baseline.cached_random_init(p, c.data, c.paths.cache_dir, "32-true", Tok(), {"hidden": 8}, 0, compute)
+
+    first = row(cfg)
+    again = row(cfg)
     assert len(calls) == 1 and again[0] == first[0] and again[2] is not None  # the second arm reused the row
     other_batch = cfg_factory(f"paths.cache_dir={tmp_path / 'cache'}", "data.batch_size=8")  # how the corpus is loaded
-    assert baseline.cached_random_init(other_batch, Tok(), {"hidden": 8}, 0, compute)[2] is not None
+    assert row(other_batch)[2] is not None
     assert len(calls) == 1
     monkeypatch.setattr(hardware, "cpu_kind", lambda: "another CPU")
-    baseline.cached_random_init(cfg, Tok(), {"hidden": 8}, 0, compute)
+    row(cfg)
     assert len(calls) == 2
     monkeypatch.setattr(downstream, "PROTOCOL_VERSION", downstream.PROTOCOL_VERSION + 1)
-    baseline.cached_random_init(cfg, Tok(), {"hidden": 8}, 0, compute)
+    row(cfg)
     assert len(calls) == 3
 
 

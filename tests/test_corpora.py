@@ -74,16 +74,16 @@ def test_per_source_losses_of_a_mixture(cfg_factory, tmp_path):
     import json
 
     import torch
+    from conftest import prepared
     from omegaconf import OmegaConf
 
     from mlmlab.checkpoint import RESUME_FREE, config_diff
-    from mlmlab.train import prepare_data
 
     a, b = write(tmp_path, "a", "alpha", 300), write(tmp_path, "b", "beta gamma", 300)
     base = ("data=text_files", "data.path=null", f"+data.mix=[{{path: '{a}', weight: 1}}, {{path: '{b}', weight: 1}}]",
             "logger=none", "downstream=none", "callbacks.checkpoint=false")
     cfg = cfg_factory(*base, "eval.per_source=true", output_dir=tmp_path / "per_source")
-    data = prepare_data(cfg)
+    data = prepared(cfg)
     s0, s1, mixed = data.source_val[0]["input_ids"], data.source_val[1]["input_ids"], data.val_blocks["input_ids"]
     assert torch.equal(s0[:-1], mixed[: len(s0) - 1])
     n_body = lambda x: int((x > 4).sum())  # noqa: E731 -- ids 0-4 are the special tokens

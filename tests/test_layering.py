@@ -35,21 +35,15 @@ def test_ruff_finds_nothing():
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
 
 
-# The functions that may still take the whole composed config (a parameter named ``cfg``): the entry points and the
-# job frame, the validation, and the layers not yet migrated to typed pieces (data, task registry, downstream
-# protocol, random-init row). The list only shrinks: a new function taking the whole config fails here.
+# The functions that take the whole composed config (a parameter named ``cfg``): the entry points (train, finetune)
+# and the job frame, the validation and the conversions of the config (to_container, typed). The list only shrinks: a
+# new function taking the whole config fails here.
 WHOLE_CONFIG = {
-    "baseline": {"random_init_baseline", "cached_random_init"},
     "config": {"check_known_keys", "validate_downstream", "validate", "validate_reliability", "to_container", "typed"},
-    "data.tasks": {"data_root", "_cfg_key", "task_registry", "check_available", "local_dir", "load", "_load",
-                   "generate"},
-    "downstream.minimal_pairs": {"zeroshot_task"},
-    "downstream.protocol": {"task_runs", "selection_from_train", "check_label_budgets", "run_task", "run_downstream",
-                            "curve_evaluator"},
     "finetune": {"prepare", "finetune", "_body", "main"},
     "job": {"completed_metrics", "set_job_threads", "_safe_container", "__init__", "wrapper"},
     "masking.masker": {"__init__", "from_config"},  # there ``cfg`` is the mask group (MaskConfig), not the job's
-    "train": {"train", "check_job", "_run", "prepare_data", "start_logging", "build_pretraining", "downstream", "main"},
+    "train": {"train", "check_job", "_run", "main"},
 }
 
 

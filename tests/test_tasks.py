@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import mlmlab.downstream as downstream
 from mlmlab import pretrain_job as train
 from mlmlab.config import ConfigError, validate
-from mlmlab.data.tasks import TASKS, read_jsonl
+from mlmlab.data.tasks import TASKS, TaskSource, read_jsonl
 from mlmlab.downstream import classification_metrics, entity_f1, mean_ci95, windows
 
 LOCAL = sorted(n for n, t in TASKS.items() if t.local is not None and t.kind != "minimal_pairs")  # blimp: test_zeroshot
@@ -44,7 +44,7 @@ def test_every_local_task_loads_from_fixtures(name, cfg_factory, tmp_path):
     write_task(tmp_path, spec)
     cfg = cfg_factory(f"paths.data_dir={tmp_path}", f"downstream.tasks=[{name}]")
     validate(cfg)
-    data = spec.load(cfg)
+    data = spec.load(TaskSource.of(cfg.paths, cfg.data, cfg.downstream))
     assert set(data) == {"label_names", "source", *spec.splits} and all(len(data[s]) == 24 for s in spec.splits)
     assert data["source"] == f"local:{tmp_path / spec.local}"
     rec = data["train"][0]
@@ -68,7 +68,8 @@ def test_shared_data_tasks_load(name, cfg_factory):
     spec = TASKS[name]
     if not (SHARED / spec.local).is_dir():
         pytest.skip(f"{SHARED / spec.local} is not here")
-    data = spec.load(cfg_factory(f"paths.data_dir={SHARED}"))
+    c = cfg_factory(f"paths.data_dir={SHARED}")
+    data = spec.load(TaskSource.of(c.paths, c.data, c.downstream))
     for split, n in SHARED_COUNTS[name].items():
         assert len(data[split]) == n, split
     if name == "conll2003":
@@ -188,7 +189,7 @@ def test_lr_grid_is_chosen_on_validation_and_reported_on_test(cfg_factory, tmp_p
     monkeypatch.setattr(downstream.protocol, "finetune_one", fake)
     cfg = cfg_factory(f"paths.data_dir={tmp_path}", "downstream.tasks=[chnsenticorp]", "downstream.seeds=[0,1,2]",
                       "downstream.finetune.lr=[1e-4,3e-4]")
-    metrics, report = downstream.run_downstream(cfg, _Tok(), {}, {}, {})
+    metrics, report = downstream.run_downstream(downstream.Protocol.of(cfg.paths, cfg.data, cfg.downstream), _Tok(), {}, {}, {})
     assert report["chnsenticorp"]["best_lr"] == 1e-4 and report["chnsenticorp"]["reported_split"] == "test"
     assert metrics["downstream/chnsenticorp/acc"] == pytest.approx(0.61)
     assert metrics["downstream/chnsenticorp/seed_2/acc"] == pytest.approx(0.62)
@@ -206,11 +207,11 @@ def test_without_labelled_test_validation_is_reported_and_never_used_for_selecti
 
     monkeypatch.setattr(downstream.protocol, "finetune_one", fake)
     cfg = cfg_factory(f"paths.data_dir={tmp_path}", "downstream.tasks=[rte]")
-    metrics, report = downstream.run_downstream(cfg, _Tok(), {}, {}, {})
+    metrics, report = downstream.run_downstream(downstream.Protocol.of(cfg.paths, cfg.data, cfg.downstream), _Tok(), {}, {}, {})
     assert report["rte"]["reported_split"] == "validation" and report["rte"]["selection_split"] is None
     assert seen[-1] == {"train": 40, "test": 40}  # no selection: the official validation split is only reported
     cfg = cfg_factory(f"paths.data_dir={tmp_path}", "downstream.tasks=[rte]", "downstream.finetune.lr=[0.1,0.2]")
-    metrics, report = downstream.run_downstream(cfg, _Tok(), {}, {}, {})
+    metrics, report = downstream.run_downstream(downstream.Protocol.of(cfg.paths, cfg.data, cfg.downstream), _Tok(), {}, {}, {})
     assert report["rte"]["selection_split"] == "train (held out)" and report["rte"]["best_lr"] == 0.2
     assert seen[-1] == {"train": 36, "validation": 4, "test": 40}  # selection on a part of train, not on validation
     assert metrics["downstream/rte/acc"] == pytest.approx(0.7)
@@ -246,7 +247,7 @@ def test_bad_task_data_is_reported_before_training(cfg_factory, tmp_path):
     cfg = cfg_factory(f"paths.data_dir={tmp_path}", "downstream.tasks=[chnsenticorp]")
 
     def load():
-        TASKS["chnsenticorp"]._load(cfg)
+        TASKS["chnsenticorp"]._load(TaskSource.of(cfg.paths, cfg.data, cfg.downstream))
 
     (folder / "validation.jsonl").write_text(json.dumps({"text": "x", "label": 7}) + "\n")
     with pytest.raises(ConfigError, match=r"label id 7; the task's labels are \['negative', 'positive'\]"):
@@ -255,7 +256,7 @@ def test_bad_task_data_is_reported_before_training(cfg_factory, tmp_path):
     write_task(tmp_path, med)
     (tmp_path / med.local / "test.jsonl").write_text(json.dumps({"text": "x", "label": "neoplasms"}) + "\n")
     with pytest.raises(ConfigError, match="label 'neoplasms', which is not in the train split's label set"):
-        med._load(cfg)
+        med._load(TaskSource.of(cfg.paths, cfg.data, cfg.downstream))
     (folder / "validation.jsonl").write_text(json.dumps({"review": "x", "label": 0}) + "\n")
     with pytest.raises(ConfigError, match=r"lacks column\(s\) \['text'\]"):
         load()

@@ -94,14 +94,16 @@ def test_fixed_mask_loss_split_by_what_the_masks_showed(cfg_factory, tmp_path):
     """val/mlm_loss_at_{mask,random,keep}_r15: the fixed-mask loss at the positions the masks showed as [MASK], a random
     token or the original; their mean weighted by each kind's count is the loss itself. A kind the eval masks do not
     use has no loss (not a NaN)."""
+    from conftest import prepared
+
     from mlmlab import build_recipe
     from mlmlab.data.tokenizer import MASK
-    from mlmlab.train import build_masking_plan, prepare_data
+    from mlmlab.train import build_masking_plan
 
     base = ("logger=none", "downstream=none", "callbacks.checkpoint=false")
     cfg = cfg_factory(*base, output_dir=tmp_path / "a")
     m = train(cfg)
-    data = prepare_data(cfg)
+    data = prepared(cfg)
     fixed = build_masking_plan(build_recipe(cfg.mask, data.ctx, data.train_blocks), cfg.eval, data).fixed
     sel = fixed.labels != -100
     shown, target = fixed.input_ids[sel], fixed.labels[sel]

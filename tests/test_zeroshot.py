@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from mlmlab import pretrain_job as train
 from mlmlab import zeroshot as zs
 from mlmlab.config import ConfigError, validate
-from mlmlab.data.tasks import TASKS
+from mlmlab.data.tasks import TASKS, TaskSource
 from mlmlab.data.tokenizer import CLS, MASK, SEP
 from mlmlab.downstream import subsample_pairs
 from mlmlab.models.encoder import BertForMLM, CausalLM, EncoderConfig
@@ -144,7 +144,7 @@ def test_blimp_task_errors_name_the_missing_paradigms_and_the_bad_line(cfg_facto
     root = fixture_blimp(tmp_path / "b", bad_line="causative")
     cfg = cfg_factory("downstream.tasks=[blimp]", f"paths.data_dir={root}")
     with pytest.raises(ConfigError) as e:
-        TASKS["blimp"].load(cfg)
+        TASKS["blimp"].load(TaskSource.of(cfg.paths, cfg.data, cfg.downstream))
     assert "causative.jsonl, line 2: not valid JSON" in str(e.value)
 
 
@@ -198,7 +198,8 @@ def test_the_shared_blimp_folder_loads_whole(cfg_factory):
 
     if not (SHARED / "blimp").is_dir():
         pytest.skip(f"{SHARED}/blimp is not here")
-    pairs = TASKS["blimp"].load(cfg_factory(f"paths.data_dir={SHARED}"))["pairs"]
+    c = cfg_factory(f"paths.data_dir={SHARED}")
+    pairs = TASKS["blimp"].load(TaskSource.of(c.paths, c.data, c.downstream))["pairs"]
     assert len(pairs) == 67_000 and len({p["paradigm"] for p in pairs}) == 67
     same = sorted((p["paradigm"], p["pair_id"]) for p in pairs if p["good"] == p["bad"])
     assert same == [("passive_1", "324"), ("passive_1", "810"), ("principle_A_case_2", "105"),

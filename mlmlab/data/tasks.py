@@ -15,8 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
 from mlmlab.data import builtin
 from mlmlab.errors import ConfigError
 
@@ -40,7 +38,7 @@ class TaskSpec:
     hub: tuple[str, str | None] | None = None  # datasets.load_dataset(path, name)
     hub_splits: dict[str, str] = field(default_factory=dict)  # our split -> the hub's split name
     splits: tuple[str, ...] = ("train", "validation", "test")  # labelled splits the task has
-    generate: Callable[[DictConfig], dict] | None = None  # built-in tasks: splits + label_names
+    generate: Callable[[TaskSource], dict] | None = None  # built-in tasks: splits + label_names
     # minimal_pairs (zero-shot, no training): one <paradigm>.jsonl per paradigm in the local folder; on the hub, one
     # config per paradigm (split "train"); columns = (good sentence, bad sentence)
     paradigms: tuple[str, ...] = ()
@@ -50,11 +48,11 @@ class TaskSpec:
         """The local files' stems: the splits, or a minimal-pairs task's paradigms."""
         return self.paradigms if self.kind == "minimal_pairs" else self.splits
 
-    def check_available(self, cfg: DictConfig) -> None:
-        """ConfigError before any work when the task cannot be loaded with this config (no local files, no hub)."""
+    def check_available(self, src: TaskSource) -> None:
+        """ConfigError before any work when the task cannot be loaded from ``src`` (no local files, no hub)."""
         if self.generate is not None:
             return
-        folder = self.local_dir(cfg)
+        folder = self.local_dir(src)
         what = "paradigms" if self.kind == "minimal_pairs" else "splits"
         if folder is not None and folder.is_dir():  # local files win; all declared splits/paradigms must be there
             missing = [s for s in self.files if not (folder / f"{s}.jsonl").is_file()]
@@ -71,22 +69,22 @@ class TaskSpec:
             raise ConfigError(f"task {self.name} needs local files in {where} (one <{what[:-1]}>.jsonl per "
                               f"{what[:-1]}); set paths.data_dir or MLMLAB_DATA_DIR to a ../shared/data-style folder")
 
-    def local_dir(self, cfg: DictConfig) -> Path | None:
-        root = data_root(cfg)
+    def local_dir(self, src: TaskSource) -> Path | None:
+        root = src.root
         return None if self.local is None or root is None else root / self.local
 
-    def load(self, cfg: DictConfig) -> dict:
-        """The task's splits (records) and ``label_names``; cached per config for the process."""
-        key = (self.name, _cfg_key(cfg))
+    def load(self, src: TaskSource) -> dict:
+        """The task's splits (records) and ``label_names`` from ``src``; cached per source for the process."""
+        key = (self.name, src)
         if key not in _CACHE:
-            _CACHE[key] = self._load(cfg)
+            _CACHE[key] = self._load(src)
         return _CACHE[key]
 
-    def _load(self, cfg: DictConfig) -> dict:
+    def _load(self, src: TaskSource) -> dict:
         if self.generate is not None:  # the built-in tasks: splits and labels from the generator
-            return self.generate(cfg)
-        self.check_available(cfg)
-        folder = self.local_dir(cfg)
+            return self.generate(src)
+        self.check_available(src)
+        folder = self.local_dir(src)
         local = folder is not None and folder.is_dir()
         source = f"local:{folder}" if local else f"hub:{self.hub[0]}" + (f"/{self.hub[1]}" if self.hub[1] else "")
         if self.kind == "minimal_pairs":
@@ -172,16 +170,32 @@ class TaskSpec:
 _CACHE: dict = {}
 
 
-def data_root(cfg: DictConfig) -> Path | None:
+def data_root(paths) -> Path | None:
     """``paths.data_dir`` (default: env MLMLAB_DATA_DIR), or None."""
-    d = cfg.paths.get("data_dir")
+    d = paths.data_dir
     return None if d is None else Path(str(d)).expanduser()
 
 
-def _cfg_key(cfg: DictConfig) -> str:
-    d, ds = cfg.data, cfg.downstream
-    return json.dumps([str(data_root(cfg)), d.name, d.get("n_topics"), ds.builtin_n_train, ds.builtin_n_test,
-                       ds.get("val_fraction")], default=str)
+@dataclass(frozen=True)
+class TaskSource:
+    """What loading a task reads of a job's config: the data dir (``paths.data_dir``: local files) and, for the
+    built-in tasks, the built-in language (``data.name``, ``data.n_topics``) and the split sizes
+    (``downstream.builtin_n_train`` / ``builtin_n_test``). Hashable: loaded tasks are cached per source."""
+    data_dir: str | None = None
+    data_name: str = "builtin"
+    n_topics: int = 8
+    builtin_n_train: int = 512
+    builtin_n_test: int = 1000
+
+    @classmethod
+    def of(cls, paths, data, downstream) -> TaskSource:
+        """From the ``paths``, ``data`` and ``downstream`` groups."""
+        return cls(None if paths.data_dir is None else str(paths.data_dir), data.name, data.n_topics,
+                   downstream.builtin_n_train, downstream.builtin_n_test)
+
+    @property
+    def root(self) -> Path | None:
+        return None if self.data_dir is None else Path(self.data_dir).expanduser()
 
 
 def hold_out(train: list[dict], frac: float) -> tuple[list[dict], list[dict]]:
@@ -246,11 +260,10 @@ def _hub_rows(spec: TaskSpec, config: str) -> list[dict]:
 
 
 def _builtin(name: str) -> TaskSpec:
-    def generate(cfg: DictConfig) -> dict:
-        d, ds = cfg.data, cfg.downstream
-        n_topics = d.n_topics if d.name == "builtin" else 8
+    def generate(src: TaskSource) -> dict:
+        n_topics = src.n_topics if src.data_name == "builtin" else 8
         out: dict = {split: builtin.generate_task(name, split, n, seed=0, n_topics=n_topics)
-                     for split, n in (("train", ds.builtin_n_train), ("test", ds.builtin_n_test))}
+                     for split, n in (("train", src.builtin_n_train), ("test", src.builtin_n_test))}
         out["label_names"] = [str(i) for i in range(builtin.task_num_labels(name, n_topics))]
         return out
 
@@ -331,10 +344,10 @@ TASKS: dict[str, TaskSpec] = {name: _builtin(name) for name in builtin.TASK_NAME
 TASKS.update(load_task_dir(TASK_DIR))
 
 
-def task_registry(cfg: DictConfig) -> dict[str, TaskSpec]:
+def task_registry(task_dirs=()) -> dict[str, TaskSpec]:
     """The built-in and mlmlab/tasks/ tasks plus those declared in ``downstream.task_dirs`` (a user's own tasks: one
     ``<name>.yaml`` each, in the format of mlmlab/tasks/). A user task may not reuse a registered name."""
-    dirs = OmegaConf.select(cfg, "downstream.task_dirs", default=None) or []
+    dirs = list(task_dirs or [])
     if not dirs:
         return TASKS
     out = dict(TASKS)

@@ -41,6 +41,7 @@ from mlmlab.downstream.probes import PROBE_CS, pooled_features, probe_task, word
 from mlmlab.downstream.protocol import (
                                        PROTOCOL_VERSION,
                                        PROTOCOLS,
+    Protocol,
                                        check_label_budgets,
                                        curve_evaluator,
                                        label_budgets,
@@ -52,7 +53,7 @@ from mlmlab.downstream.protocol import (
 )
 from mlmlab.downstream.scoring import classification_metrics, entity_f1, mean_ci95, paired_gain, split_metrics
 
-__all__ = ["IGNORE", "PROBE_CS", "PROTOCOLS", "PROTOCOL_VERSION", "BestOnValidation", "LengthBucketBatches",
+__all__ = ["IGNORE", "PROBE_CS", "PROTOCOLS", "PROTOCOL_VERSION", "BestOnValidation", "Protocol", "LengthBucketBatches",
            "check_label_budgets", "classification_metrics", "collate", "curve_evaluator", "encode_examples",
            "encode_split", "encode_tokens", "entity_f1", "evaluate", "finetune_one", "label_budgets", "learning_rates",
            "mean_ci95", "paired_gain", "pooled_features", "predict", "predict_logits", "probe_task", "resolve_pooling",

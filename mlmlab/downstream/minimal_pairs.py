@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from omegaconf import DictConfig
-
-from mlmlab.data.tasks import TaskSpec
+from mlmlab.data.tasks import TaskSource, TaskSpec
 
 log = logging.getLogger(__name__)
 
@@ -27,20 +25,20 @@ def subsample_pairs(pairs: list[dict], n: int | None) -> list[dict]:
     return [pairs[i] for i in sorted(keep)]
 
 
-def zeroshot_task(cfg: DictConfig, tok, spec: TaskSpec, lm, precision: str,
+def zeroshot_task(z, src: TaskSource, tok, spec: TaskSpec, lm, precision: str,
                   unigram_counts=None) -> tuple[dict[str, float], dict]:
     """A minimal-pairs task (mlmlab.zeroshot): accuracy overall (mean over paradigms), per field and per paradigm
     (``downstream/<task>/acc``, ``.../field/<field>/acc``, ``.../paradigm/<paradigm>/acc``); with ``unigram_counts``
     also the unigram floor (``unigram/<task>/...``). The report keeps the per-pair outcomes as one string
-    (``items``: ``1`` right, ``0`` wrong, ``-`` tie, in the order of the subsample) for paired per-item tests."""
+    (``items``: ``1`` right, ``0`` wrong, ``-`` tie, in the order of the subsample) for paired per-item tests.
+    ``z``: ``downstream.zeroshot.*``; ``src``: where the task's pairs come from."""
     import time
 
     from mlmlab import zeroshot as zs
 
     if lm is None:
         raise ValueError(f"task {spec.name} is scored zero-shot and needs the pretrained language model")
-    z = cfg.downstream.zeroshot
-    pairs = subsample_pairs(spec.load(cfg)["pairs"], z.n_per_paradigm)
+    pairs = subsample_pairs(spec.load(src)["pairs"], z.n_per_paradigm)
     t0 = time.perf_counter()
     kind = zs.lm_kind(lm)
     scores = zs.sentence_scores(lm, tok, [p["good"] for p in pairs] + [p["bad"] for p in pairs], z.pll,
@@ -54,7 +52,7 @@ def zeroshot_task(cfg: DictConfig, tok, spec: TaskSpec, lm, precision: str,
     report = {"kind": "minimal_pairs", "scorer": scorer, "n_per_paradigm": z.n_per_paradigm, "pairs": len(pairs),
               "ties": summary["ties"], "unk_pairs": zs.unk_pairs(tok, pairs), "acc": summary["acc"],
               "fields": summary["fields"], "paradigms": summary["paradigms"], "seconds": seconds,
-              "source": spec.load(cfg).get("source"),
+              "source": spec.load(src).get("source"),
               "predictions": {"items": "".join("-" if r is None else str(r) for r in right),
                               "pair_ids": [[p["paradigm"], p["pair_id"]] for p in pairs]}}
     if unigram_counts is not None:

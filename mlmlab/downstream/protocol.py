@@ -6,10 +6,12 @@ from __future__ import annotations
 import logging
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-from omegaconf import DictConfig, ListConfig
+from omegaconf import ListConfig
 
-from mlmlab.data.tasks import TaskSpec, hold_out, task_registry
+from mlmlab.data.tasks import TaskSource, TaskSpec, hold_out, task_registry
 from mlmlab.downstream.encoding import encode_split
 from mlmlab.downstream.finetuning import finetune_one
 from mlmlab.downstream.minimal_pairs import zeroshot_task
@@ -26,6 +28,24 @@ PROTOCOL_VERSION = 1  # bump when a change to the fine-tuning code changes its n
 PROTOCOLS = ("finetune", "probe", "both")
 
 
+@dataclass
+class Protocol:
+    """What the downstream stage reads of a job's config: ``downstream.*`` (``ds``: tasks, seeds, label budgets, the
+    fine-tuning settings, the protocol) and where the tasks' data comes from (``src``)."""
+    ds: Any
+    src: TaskSource
+
+    @classmethod
+    def of(cls, paths, data, downstream) -> Protocol:
+        """From the ``paths``, ``data`` and ``downstream`` groups."""
+        return cls(downstream, TaskSource.of(paths, data, downstream))
+
+    @property
+    def tasks(self) -> dict[str, TaskSpec]:
+        """The task registry with ``downstream.task_dirs``."""
+        return task_registry(self.ds.task_dirs)
+
+
 def learning_rates(lr) -> list[float]:
     return [float(x) for x in lr] if isinstance(lr, (list, tuple, ListConfig)) else [float(lr)]
 
@@ -35,15 +55,15 @@ def label_budgets(value) -> list[int | None]:
     return [int(x) for x in value] if isinstance(value, (list, tuple, ListConfig)) else [value]
 
 
-def task_runs(cfg: DictConfig) -> list[tuple[str, TaskSpec, int | None]]:
+def task_runs(p: Protocol) -> list[tuple[str, TaskSpec, int | None]]:
     """``(key, spec, label budget)`` for every task of ``downstream.tasks``: the key is the task's name, or
     ``<task>@<N>`` for each budget when ``downstream.max_train_examples`` is a list (a label-budget curve, one score
     per budget: ``downstream/sst2@250/acc`` ...). Zero-shot tasks take no labels and run once."""
-    tasks = task_registry(cfg)
-    value = cfg.downstream.max_train_examples
+    tasks = p.tasks
+    value = p.ds.max_train_examples
     curve = isinstance(value, (list, tuple, ListConfig))
     out = []
-    for name in cfg.downstream.tasks:
+    for name in p.ds.tasks:
         spec = tasks[name]
         if spec.kind == "minimal_pairs" or not curve:
             out.append((name, spec, None if curve else value))
@@ -52,35 +72,36 @@ def task_runs(cfg: DictConfig) -> list[tuple[str, TaskSpec, int | None]]:
     return out
 
 
-def selection_from_train(cfg: DictConfig, data: dict) -> bool:
-    f = cfg.downstream.finetune
+def selection_from_train(f, data: dict) -> bool:
+    """Whether the selection split (``downstream.finetune.*``, ``f``: an lr grid or early stopping) comes out of train."""
     selection = len(learning_rates(f.lr)) > 1 or f.early_stopping_patience is not None
     return selection and not ("test" in data and "validation" in data)
 
 
-def check_label_budgets(cfg: DictConfig) -> None:
+def check_label_budgets(p: Protocol) -> None:
     """A label budget larger than a task's training examples (after a selection split held out of train): a
     ConfigError naming the key, the task and the number available. Call after the tasks are loaded."""
-    for _key, spec, n in task_runs(cfg):
+    f = p.ds.finetune
+    for _key, spec, n in task_runs(p):
         if n is None or spec.kind == "minimal_pairs":
             continue
-        data = spec.load(cfg)
+        data = spec.load(p.src)
         have = len(data["train"])
-        if selection_from_train(cfg, data):
-            have -= max(1, int(round(cfg.downstream.val_fraction * have)))
+        if selection_from_train(f, data):
+            have -= max(1, int(round(p.ds.val_fraction * have)))
         if n > have:
             raise ConfigError(f"downstream.max_train_examples: {n} for task {spec.name} is more than its {have} "
                               f"training examples" + (" (after the selection split held out of train)"
-                                                      if selection_from_train(cfg, data) else ""))
+                                                      if selection_from_train(f, data) else ""))
 
 
-def run_task(cfg: DictConfig, tok, spec: TaskSpec, encoder_cfg: dict, encoder_state: dict,
+def run_task(p: Protocol, tok, spec: TaskSpec, encoder_cfg: dict, encoder_state: dict,
              trainer_kwargs: dict, run_factory: Callable | None = None, key: str | None = None,
              budget: int | None = None) -> tuple[dict[str, float], dict]:
     """One task (or one label budget of it: ``key`` names its metrics, ``budget`` caps its training examples)."""
-    ds, f = cfg.downstream, cfg.downstream.finetune
+    ds, f = p.ds, p.ds.finetune
     key = key or spec.name
-    data = spec.load(cfg)
+    data = spec.load(p.src)
     lrs = learning_rates(f.lr)
     selection = len(lrs) > 1 or f.early_stopping_patience is not None
     has_test = "test" in data
@@ -151,7 +172,7 @@ def run_task(cfg: DictConfig, tok, spec: TaskSpec, encoder_cfg: dict, encoder_st
     return metrics, report
 
 
-def run_downstream(cfg: DictConfig, tok, encoder_cfg: dict, encoder_state: dict, trainer_kwargs: dict,
+def run_downstream(p: Protocol, tok, encoder_cfg: dict, encoder_state: dict, trainer_kwargs: dict,
                    run_factory: Callable | None = None, lm=None,
                    unigram_counts=None) -> tuple[dict[str, float], dict]:
     """Every task of ``downstream.tasks``: fine-tuned / probed from ``encoder_state``, or, for a minimal-pairs task,
@@ -159,12 +180,13 @@ def run_downstream(cfg: DictConfig, tok, encoder_cfg: dict, encoder_state: dict,
     metrics: dict[str, float] = {}
     report: dict = {}
     main_scores: dict[str, float] = {}  # per task: its largest label budget's score (the last in task_runs order)
-    for key, spec, budget in sorted(task_runs(cfg), key=lambda r: (r[2] is not None, r[2] or 0)):
+    z = p.ds.zeroshot
+    for key, spec, budget in sorted(task_runs(p), key=lambda r: (r[2] is not None, r[2] or 0)):
         if spec.kind == "minimal_pairs":
-            m, report[key] = zeroshot_task(cfg, tok, spec, lm, str(trainer_kwargs.get("precision", "32-true")),
-                                           unigram_counts if cfg.downstream.zeroshot.unigram_floor else None)
+            m, report[key] = zeroshot_task(z, p.src, tok, spec, lm, str(trainer_kwargs.get("precision", "32-true")),
+                                           unigram_counts if z.unigram_floor else None)
         else:
-            m, report[key] = run_task(cfg, tok, spec, encoder_cfg, encoder_state, trainer_kwargs, run_factory, key,
+            m, report[key] = run_task(p, tok, spec, encoder_cfg, encoder_state, trainer_kwargs, run_factory, key,
                                       budget)
         metrics.update(m)
         # the score follows the protocol: fine-tuning where it ran, else the probe
@@ -173,24 +195,24 @@ def run_downstream(cfg: DictConfig, tok, encoder_cfg: dict, encoder_state: dict,
     return metrics, report
 
 
-def curve_evaluator(cfg: DictConfig, tok, encoder_cfg: dict, precision: str) -> Callable:
+def curve_evaluator(p: Protocol, n_per_paradigm: int | None, tok, encoder_cfg: dict, precision: str) -> Callable:
     """``eval.zeroshot_every_n_steps``: what mlmlab.lit.curves.EvalCurve runs on the module being pretrained -- each
     minimal-pairs task of ``downstream.tasks`` zero-shot (``eval.zeroshot_n_per_paradigm`` pairs per paradigm, no
     unigram floor) and the linear probe of each classification task (at the largest label budget)."""
     from omegaconf import OmegaConf
 
-    sub = OmegaConf.merge(cfg, {"downstream": {"protocol": "probe", "zeroshot": {
-        "n_per_paradigm": cfg.eval.zeroshot_n_per_paradigm, "unigram_floor": False}}})
-    budgets = label_budgets(cfg.downstream.max_train_examples)
+    sub = Protocol(OmegaConf.merge(p.ds, {"protocol": "probe", "zeroshot": {"n_per_paradigm": n_per_paradigm,
+                                                                           "unigram_floor": False}}), p.src)
+    budgets = label_budgets(p.ds.max_train_examples)
     budget = None if None in budgets else max(budgets)
-    tasks = task_registry(cfg)
+    tasks = p.tasks
 
     def evaluate(module) -> dict[str, float]:
         out: dict[str, float] = {}
-        for name in cfg.downstream.tasks:
+        for name in p.ds.tasks:
             spec = tasks[name]
             if spec.kind == "minimal_pairs":
-                m, _ = zeroshot_task(sub, tok, spec, module.model, precision)
+                m, _ = zeroshot_task(sub.ds.zeroshot, p.src, tok, spec, module.model, precision)
                 out[f"curve/{name}/acc"] = m[f"downstream/{name}/acc"]
             elif spec.kind != "token":
                 state = {k: v.detach().cpu().clone() for k, v in module.encoder().state_dict().items()}
