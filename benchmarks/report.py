@@ -112,12 +112,13 @@ def pays(iv, lows: list, threshold: float = 0.0) -> bool:
     return iv is not None and iv.low > threshold and all(low is not None and low > threshold for low in lows)
 
 
-def time_to_pay(payloads: dict | list[dict]) -> str:
+def time_to_pay(payloads: dict | list[dict], summary: bool = False) -> str:
     """``bench_time_to_pay.py``: one row per (recipe, budget, pretraining seed) -- minutes actually pretrained, steps,
     the fixed-mask loss, and per label budget the gain over random init in points with its 95% interval over
     fine-tuning seeds (given that encoder) -- then per (recipe, budget), over every file that ran it (a confirmation
     on other seeds joins the seeds it confirms), the gain's 95% t interval over the pretraining seeds (the unit) and
-    whether it pays: every seed's interval and the one over seeds above 0."""
+    whether it pays: every seed's interval and the one over seeds above 0. ``summary``: the rows over seeds alone (the
+    README's curve)."""
     payloads = payloads if isinstance(payloads, list) else [payloads]
     labels = sorted({n for p in payloads if not p.get("screen") for n in p.get("labels", [])})
     head = ["recipe", "budget, min", "seed", "pretrained, min", "steps", "val/mlm_loss_r15",
@@ -130,7 +131,7 @@ def time_to_pay(payloads: dict | list[dict]) -> str:
     rows = []
     for (recipe, minutes), rs in groups.items():
         rs = sorted(rs, key=lambda r: r["seed"])
-        for r in rs:
+        for r in [] if summary else rs:
             rows.append([recipe, f"{minutes:g}", str(r["seed"]), f"{r['pretrain_min']:.1f}", f"{r['steps']:,}",
                          f"{r['val_loss']:.3f}", *[_gain(r["gains"].get(str(n))) for n in labels]])
         cells = []
@@ -152,7 +153,10 @@ def time_to_pay(payloads: dict | list[dict]) -> str:
             cells.append(f"{100 * iv.mean:+.1f} [{100 * iv.low:+.1f}, {100 * iv.high:+.1f}] over {len(lows)} seeds: "
                          f"{verdict}{goal}")
         if any(c != "-" for c in cells):
-            rows.append([recipe, f"{minutes:g}", "all", "", "", "", *cells])
+            rows.append([recipe, f"{minutes:g}", str(len(rs)), *cells] if summary else
+                        [recipe, f"{minutes:g}", "all", "", "", "", *cells])
+    if summary:
+        head = ["recipe", "budget, min", "pretraining seeds", *head[6:]]
     cpus = "; ".join(sorted({p.get("cpu") or p["machine"]["processor"] for p in payloads}))
     return md(rows, head) + f"\n\nEach job pinned to one core with one torch thread ({cpus})."
 
