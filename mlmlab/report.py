@@ -190,17 +190,25 @@ def _compare_table(spec: dict, base: Path) -> str:
     difference at 80% power (exact noncentral t) with, in brackets, its range over the 95% interval of the sd it
     uses. ``source`` may list several folders (two sweeps compared); ``where`` keeps the runs that match all its keys,
     ``exclude`` entries leave out the runs that match all theirs (:func:`mlmlab.analysis.select`); ``names`` maps arm
-    values to what the table prints (a sampler's class path -> ``uniform``)."""
+    values to what the table prints (a sampler's class path -> ``uniform``); ``sequential: <folder>``: the sweep ran in
+    rounds, and the primary metric's verdict is the sequential rule's (:func:`_sequential_words`)."""
     t = _question_rows(spec, base)
     fmts = {m["key"]: m for m in spec["metrics"]}
+    said = {}
+    if spec.get("sequential") and spec.get("question"):  # the primary metric's verdicts: the sequential rule's
+        primary = t[t["metric"] == spec["question"]["primary"]]
+        scale = float(fmts[spec["question"]["primary"]].get("scale", 1))
+        said = dict(zip(primary.index, _sequential_words(spec, base, primary,
+                                                         [_say(r, scale) for _, r in primary.iterrows()])))
     rows = []
-    for _, r in t.iterrows():
+    for i, r in t.iterrows():
         m = fmts[r["metric"]]
         label, scale, fmt = m.get("label", m["key"]), float(m.get("scale", 1)), m.get("fmt", ".3f")
         dg = _digits(fmt)
         rows.append([label, f"{r['baseline']} → {r['arm']}", _fmt(scale * r["baseline_mean"], fmt),
                      _fmt(scale * r["arm_mean"], fmt), _effect(r, scale, dg), _fmt(r["p"], "p"),
-                     _fmt(r["p_holm"], "p"), str(int(r["n"])), _mdd_range(r, scale, dg), _say(r, scale)])
+                     _fmt(r["p_holm"], "p"), str(int(r["n"])), _mdd_range(r, scale, dg),
+                     said.get(i, _say(r, scale))])
     return _md(["metric", f"`{spec['by']}`", "baseline", "arm", "arm - baseline (95% CI over seeds)", "p",
                 "p (Holm, family)", "seeds", "min. detectable (80% power) [sd range]", "verdict"], rows)
 

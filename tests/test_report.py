@@ -289,7 +289,7 @@ def test_findings_row_of_a_sequential_sweep_takes_the_rules_decision_and_wall_ti
              "finished_at": next(times), "metrics": {"downstream/t/acc": score, "gain/t/acc": 0.05 + 0.001 * seed}}))
     (sweep / "sequential.json").write_text(json.dumps(
         {"looks": [2, 4, 6, 8], "arms": [{"arm": "mask.rate=0.4", "verdict": "better", "round": 1, "seeds": 2}]}))
-    spec = ("t1:\n  kind: compare\n  source: sweep\n  by: mask.rate\n  baseline: 0.15\n"
+    spec = ("t1:\n  kind: compare\n  source: sweep\n  by: mask.rate\n  baseline: 0.15\n  sequential: sweep\n"
             "  question: {primary: downstream/t/acc, delta: 0.01}\n"
             "  metrics:\n    - {key: downstream/t/acc, label: acc, scale: 100, fmt: .1f}\n"
             "f:\n  kind: findings\n  compact: true\n  rows:\n    - {question: q1, sweep: s, table: t1, sequential: sweep}\n")
@@ -298,6 +298,8 @@ def test_findings_row_of_a_sequential_sweep_takes_the_rules_decision_and_wall_ti
     report.update(repo)
     row = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| q1"))
     assert row.endswith("**better (sequential rule, round 1 of 4, 2 seeds); 4 jobs in 1 h 05 min** |"), row
+    arm = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| acc"))
+    assert arm.endswith("| better (sequential rule, round 1 of 4, 2 seeds); 4 jobs in 1 h 05 min |"), arm
     (sweep / "sequential.json").write_text(json.dumps({"looks": [2], "arms": [{"arm": "mask.rate=0.8"}]}))
     with pytest.raises(report.ReportError, match="no arm '0.4'"):
         report.update(repo)
