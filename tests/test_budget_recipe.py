@@ -1,4 +1,4 @@
-"""The budget recipe (issue "Real text, real gains"): pre-LN options, the seconds budget, bf16 checks, the random-init
+"""The real-text budget recipe: pre-LN options, the seconds budget, bf16 checks, the random-init
 baseline in the same job with paired gains, the unigram plateau reference, HTML clean-up, the real-text presets."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 18: a built wheel runs. conf/ and sweeps/ live at the top of the repo; the wheel carries them inside the
+"""Packaging: a built wheel runs. conf/ and sweeps/ live at the top of the repo; the wheel carries them inside the
 package (mlmlab/conf and mlmlab/sweeps are links to them), so `pip install .` and `python -m mlmlab.train` work from
 any directory -- without the checkout."""
 

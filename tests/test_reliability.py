@@ -1,4 +1,4 @@
-"""Fault tests (issue 9): exact resume after SIGKILL / SIGTERM, atomic records, idempotent sweeps, corrupt caches,
+"""Fault tests: exact resume after SIGKILL / SIGTERM, atomic records, idempotent sweeps, corrupt caches,
 non-finite losses and gradients, a failing W&B, bad data. Each would fail without the mechanism it proves."""
 
 from __future__ import annotations
