@@ -190,7 +190,7 @@ def describe(record, objective: str, d, data: Data, masking: MaskingPlan, info: 
                      **({"long_docs": {k: v["long_docs"] for k, v in data.packing.items()},
                          "packing": data.packing} if data.packing else {}),
                      # eval.per_source: which source each val/mlm_loss_r15_mix<i> scores, on how many blocks
-                     **({"val_sources": [{"suffix": f"mix{i}", "source": str(s.get("val_path") or s.path),
+                     **({"val_sources": [{"suffix": f"mix{i}", "source": str(s.get("val_path") or s.get("path")),
                                           "blocks": len(vb["input_ids"])}
                                          for i, (s, vb) in enumerate(zip(d.mix, data.source_val))]}
                         if data.source_val else {})})
