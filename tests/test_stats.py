@@ -55,6 +55,10 @@ def test_mdd_is_exact_and_larger_than_the_usual_approximation():
     assert r.low < r.value < r.high  # the sd's own uncertainty at n = 3 spans a wide range
     assert r.high / r.low > 5
     assert stats.seeds_for_power(0.5, 1.0) == next(n for n in range(2, 200) if stats.power(0.5, 1.0, n) >= 0.8)
+    for effect, sd in [(1.0, 1.0), (0.01, 0.02), (0.003, 0.02), (-0.02, 0.05), (0.3, 0.2)]:  # the bisection = the scan
+        scan = next((n for n in range(2, 1001) if stats.power(effect, sd, n) >= 0.8), None)
+        assert stats.seeds_for_power(effect, sd) == scan, (effect, sd)
+    assert stats.seeds_for_power(0.001, 1.0) is None  # beyond n_max
 
 
 def _three_level(rng, n_seeds: int, n_ft: int = 3, n_items: int = 60, delta: float = 0.02,
