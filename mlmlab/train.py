@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import warnings
 from functools import partial
+from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig
@@ -17,7 +18,6 @@ from omegaconf import DictConfig
 from mlmlab.baseline import random_init_baseline, unigram_reference
 from mlmlab.build import build_module, build_recipe, eval_suffix, model_record
 from mlmlab.config import ConfigError, eval_units, typed, validate
-from mlmlab.downstream import Protocol, check_label_budgets, curve_evaluator, run_downstream, save_predictions
 from mlmlab.flops import step_cost
 from mlmlab.job import (
     Job,
@@ -38,6 +38,9 @@ from mlmlab.pretraining import (
     plan_budget,
     pretrain,
 )
+
+if TYPE_CHECKING:
+    from mlmlab.downstream import Protocol
 
 log = logging.getLogger(__name__)  # (W&B offline and silent by default: mlmlab.job)
 
@@ -74,6 +77,8 @@ def _run(cfg: DictConfig, job: Job) -> dict[str, float]:
     # (resume: the data module's ResumableSampler position travels in the checkpoint, mlmlab.guard)
     for noise in (".*does not have many workers.*", ".*exists and is not empty.*", ".*your dataloader is not resumable.*"):
         warnings.filterwarnings("ignore", noise)
+    from mlmlab.downstream import Protocol, save_predictions  # (Lightning: not on the import path of a bad config)
+
     objective, proto = c.objective.name, Protocol.of(cfg.paths, cfg.data, cfg.downstream)
     with record.timer("data"):
         data = prepare_data(proto, cfg.data, cfg.tokenizer, cfg.paths, c.eval.per_source)
@@ -122,6 +127,7 @@ def prepare_data(proto: Protocol, d, t, paths, per_source: bool) -> Data:
     cached under ``paths.cache_dir``), the sampler context and (``eval.per_source``) each mixture source's blocks."""
     from mlmlab.data.corpus import block_stats, get_blocks, source_val_blocks
     from mlmlab.data.vocab_stats import make_sampler_context
+    from mlmlab.downstream import check_label_budgets
 
     for name in proto.ds.tasks:
         proto.tasks[name].load(proto.src)
@@ -244,6 +250,7 @@ def eval_curve(every: int | None, n_per_paradigm: int | None, proto: Protocol, t
     """``eval.zeroshot_every_n_steps``: BLiMP and the probes every n steps of pretraining (mlmlab.lit.curves), or None."""
     if every is None:
         return None
+    from mlmlab.downstream import curve_evaluator
     from mlmlab.lit.curves import EvalCurve
 
     return EvalCurve(every, curve_evaluator(proto, n_per_paradigm, tok, encoder_cfg, precision))
@@ -252,6 +259,8 @@ def eval_curve(every: int | None, n_per_paradigm: int | None, proto: Protocol, t
 def downstream(proto: Protocol, job: Job, data: Data, encoder_cfg: dict, module, trainer_kw: dict, w) -> dict[str, float]:
     """Stage 9 (rank 0): every downstream task x seed on the pretrained encoder (W&B runs per fine-tuning with
     ``downstream.wandb_runs`` and ``logger.wandb``, ``w``)."""
+    from mlmlab.downstream import run_downstream
+
     record, info = job.record, job.info
     encoder_state = {k: v.detach().cpu().clone() for k, v in module.encoder().state_dict().items()}
     with record.timer("finetune"):

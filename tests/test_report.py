@@ -241,6 +241,14 @@ def test_items_table_pools_each_group_of_pairs_with_probe_and_zeroshot(repo: Pat
         report.update(repo)
 
 
+def _findings_row(repo: Path, spec: str) -> str:
+    """Render a compare table ``t1`` and a findings table ``f`` from ``spec``; the findings row of question ``q1``."""
+    (repo / "docs" / "results" / "tables.yaml").write_text(spec)
+    (repo / "README.md").write_text("<!-- table: t1 -->\n<!-- /table -->\n<!-- table: f -->\n<!-- /table -->\n")
+    report.update(repo)
+    return next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| q1"))
+
+
 def test_findings_table_states_the_regime_before_comparing(repo: Path):
     """The README's findings: where the baseline arm does not beat random init on the primary metric (its interval
     over seeds), the verdict reads "not in a regime where pretraining pays", whatever the arms' difference."""
@@ -255,10 +263,7 @@ def test_findings_table_states_the_regime_before_comparing(repo: Path):
             "  question: {primary: downstream/t/acc, delta: 0.01}\n"
             "  metrics:\n    - {key: downstream/t/acc, label: acc, scale: 100, fmt: .1f}\n"
             "f:\n  kind: findings\n  rows:\n    - {question: q1, sweep: s, table: t1}\n")
-    (repo / "docs" / "results" / "tables.yaml").write_text(spec)
-    (repo / "README.md").write_text("<!-- table: t1 -->\n<!-- /table -->\n<!-- table: f -->\n<!-- /table -->\n")
-    report.update(repo)
-    row = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| q1"))
+    row = _findings_row(repo, spec)
     assert row.endswith("**not in a regime where pretraining pays** |")
     assert "0.15: -0.3 [" in row and "; 0.4: +2.3 [" in row  # each arm's gain over random init, over seeds, points
     for i in range(3):  # now the baseline pays: the comparison decides
@@ -293,10 +298,7 @@ def test_findings_row_of_a_sequential_sweep_takes_the_rules_decision_and_wall_ti
             "  question: {primary: downstream/t/acc, delta: 0.01}\n"
             "  metrics:\n    - {key: downstream/t/acc, label: acc, scale: 100, fmt: .1f}\n"
             "f:\n  kind: findings\n  compact: true\n  rows:\n    - {question: q1, sweep: s, table: t1, sequential: sweep}\n")
-    (repo / "docs" / "results" / "tables.yaml").write_text(spec)
-    (repo / "README.md").write_text("<!-- table: t1 -->\n<!-- /table -->\n<!-- table: f -->\n<!-- /table -->\n")
-    report.update(repo)
-    row = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| q1"))
+    row = _findings_row(repo, spec)
     assert row.endswith("**better (sequential rule, round 1 of 4, 2 seeds); 4 jobs in 1 h 05 min** |"), row
     arm = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| acc"))
     assert arm.endswith("| better (sequential rule, round 1 of 4, 2 seeds); 4 jobs in 1 h 05 min |"), arm
