@@ -31,7 +31,7 @@ DATA_SOURCES = ("auto", "local", "hub")
 OBJECTIVES = ("mlm", "electra", "clm", "none")
 ELECTRA_KEYS = ("generator_size", "generator_layers", "disc_weight", "temperature", "temperature_end", "sampling")
 ELECTRA_OPTIONAL = ("generator_layers", "temperature_end")  # may stay null for objective=electra
-LR_SCHEDULES = ("linear", "cosine", "constant")
+LR_SCHEDULES = ("linear", "cosine", "constant", "wsd")
 DOC_SEPS = ("line", "blank_line")
 WANDB_MODES = ("offline", "online", "disabled")
 POOLINGS = ("auto", "mean", "cls", "last")
@@ -159,8 +159,9 @@ class OptimConfig:
     # warmup as a fraction of the run's steps (budget runs, whose step count is only known at the start); when set it
     # replaces warmup_steps. With schedule=linear and min_lr_ratio=0 the lr decays to 0 at the budget's last step
     warmup_frac: float | None = None
-    schedule: str = "linear"  # decay after warmup: linear | cosine | constant
+    schedule: str = "linear"  # decay after warmup: linear | cosine | constant | wsd (warmup-stable-decay)
     min_lr_ratio: float = 0.0
+    decay_frac: float = 0.2  # schedule=wsd: the share of the run's last steps that decays linearly to min_lr_ratio
     impl: str = "auto"  # torch.optim.AdamW's implementation: auto (= foreach on every device) | for_loop | foreach | fused
 
 
@@ -689,6 +690,7 @@ def validate(cfg: DictConfig) -> None:
     _check(o.warmup_frac is None or 0 <= o.warmup_frac < 1,
            f"optim.warmup_frac={o.warmup_frac} must be in [0, 1) or null (then optim.warmup_steps is used)")
     _check(o.warmup_steps >= 0, f"optim.warmup_steps={o.warmup_steps} must be >= 0")
+    _check(0 < o.decay_frac <= 1, f"optim.decay_frac={o.decay_frac} must be in (0, 1] (schedule=wsd's decay share)")
     _check_choice("optim.impl", o.impl, OPTIM_IMPLS)
     _check_choice("trainer.precision", str(cfg.trainer.precision), PRECISIONS)
     _check_bf16(cfg.trainer)

@@ -20,11 +20,23 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float = 0.0) -> float:
+def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float = 0.0,
+              decay_frac: float | None = None) -> float:
+    """The lr multiplier at ``step``: linear warmup over ``warmup`` steps, then ``schedule`` -- linear or cosine decay
+    to ``min_ratio`` at ``total``, constant, or wsd (warmup-stable-decay: constant until the last ``decay_frac`` of
+    the run, then linear to ``min_ratio`` at ``total``; Hu et al. 2024, MiniCPM; ``decay_frac`` from ``optim.decay_frac``,
+    whose default is in ``OptimConfig``)."""
     if warmup > 0 and step < warmup:
         return (step + 1) / warmup
     if schedule == "constant":
         return 1.0
+    if schedule == "wsd":
+        if decay_frac is None:
+            raise ValueError("schedule='wsd' needs decay_frac (optim.decay_frac)")
+        decay = max(1, round(decay_frac * total))
+        start = max(warmup, total - decay)
+        progress = min(1.0, max(0, step - start) / max(1, total - start))
+        return min_ratio + (1.0 - min_ratio) * (1.0 - progress)
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     decay = 1.0 - progress if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
     return min_ratio + (1.0 - min_ratio) * decay
@@ -44,9 +56,10 @@ def impl_kwargs(impl: str = "auto") -> dict:
 
 
 def adamw_with_schedule(model: nn.Module, lr: float, weight_decay: float, betas, eps: float, warmup: int, total: int,
-                        schedule: str = "linear", min_ratio: float = 0.0, impl: str = "auto"):
+                        schedule: str = "linear", min_ratio: float = 0.0, impl: str = "auto",
+                        decay_frac: float | None = None):
     opt = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), eps=eps, **impl_kwargs(impl))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup, total, schedule, min_ratio))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup, total, schedule, min_ratio, decay_frac))
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
@@ -59,4 +72,4 @@ def warmup_steps(o: dict, total: int) -> int:
 def adamw_from_cfg(model: nn.Module, o: dict, total: int):
     """``adamw_with_schedule`` from an ``optim.*`` dict (pretraining modules)."""
     return adamw_with_schedule(model, o["lr"], o["weight_decay"], o["betas"], o["eps"], warmup_steps(o, total), total,
-                               o["schedule"], o["min_lr_ratio"], o.get("impl", "auto"))
+                               o["schedule"], o["min_lr_ratio"], o.get("impl", "auto"), o.get("decay_frac"))
