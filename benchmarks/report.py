@@ -112,13 +112,14 @@ def pays(iv, lows: list, threshold: float = 0.0) -> bool:
     return iv is not None and iv.low > threshold and all(low is not None and low > threshold for low in lows)
 
 
-def time_to_pay(payloads: dict | list[dict], summary: bool = False) -> str:
+def time_to_pay(payloads: dict | list[dict], summary: bool = False, recipes: dict | None = None) -> str:
     """``bench_time_to_pay.py``: one row per (recipe, budget, pretraining seed) -- minutes actually pretrained, steps,
     the fixed-mask loss, and per label budget the gain over random init in points with its 95% interval over
     fine-tuning seeds (given that encoder) -- then per (recipe, budget), over every file that ran it (a confirmation
     on other seeds joins the seeds it confirms), the gain's 95% t interval over the pretraining seeds (the unit) and
     whether it pays: every seed's interval and the one over seeds above 0. ``summary``: the rows over seeds alone (the
-    README's curve)."""
+    README's curve). ``recipes``: a name for a recipe's overrides (``experiment=real_en_fast`` and the overrides it
+    stands for are one recipe: their rows join)."""
     payloads = payloads if isinstance(payloads, list) else [payloads]
     labels = sorted({n for p in payloads if not p.get("screen") for n in p.get("labels", [])})
     head = ["recipe", "budget, min", "seed", "pretrained, min", "steps", "val/mlm_loss_r15",
@@ -126,6 +127,7 @@ def time_to_pay(payloads: dict | list[dict], summary: bool = False) -> str:
     groups: dict[tuple[str, float], list[dict]] = {}
     for p in payloads:
         recipe = " ".join(p["overrides"]) or "(defaults)"
+        recipe = (recipes or {}).get(recipe, recipe)
         for r in p["rows"]:
             groups.setdefault((recipe, r["minutes"]), []).append(r)
     rows = []

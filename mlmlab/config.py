@@ -20,6 +20,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from mlmlab.data.cache import plain  # noqa: F401  (re-exported: a group as a plain dict; the cache keys use it)
 from mlmlab.errors import ConfigError  # noqa: F401  (re-exported: mlmlab.config.ConfigError)
 from mlmlab.masking.config import MaskConfig, ReplaceConfig, check_rate  # mask.*: its owner, beside the masker
 from mlmlab.models.electra import SAMPLINGS
@@ -770,15 +771,6 @@ def to_container(cfg: DictConfig) -> dict:
     c = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     c.pop("hydra", None)
     return c
-
-
-def plain(node) -> dict:
-    """A group as a plain dict, whether it is the composed node (DictConfig) or its typed owner (a dataclass)."""
-    import dataclasses
-
-    if isinstance(node, DictConfig):
-        return OmegaConf.to_container(node, resolve=True)
-    return dataclasses.asdict(node) if dataclasses.is_dataclass(node) else dict(node)
 
 
 def typed(cfg: DictConfig):

@@ -70,22 +70,32 @@ class Pretraining:
     resume_from: Path | None = None
 
 
-def plan_budget(t, cost: StepCost, record) -> tuple[int, dict]:
+@dataclass
+class StepPlan:
+    """How long pretraining runs: the step count and its accounting (``budget`` in results.json: tokens, FLOPs and,
+    for ``trainer.budget.seconds``, the calibration that chose the steps)."""
+
+    max_steps: int
+    budget: dict
+
+
+def plan_budget(t, cost: StepCost, record) -> StepPlan:
     """The step count of ``trainer.max_steps`` or of a token / FLOP budget, and its accounting (recorded)."""
     try:
         max_steps, budget = steps_for_budget(t, cost)
     except ValueError as err:
         raise ConfigError(str(err)) from err
     record.set(budget=budget)
-    return max_steps, budget
+    return StepPlan(max_steps, budget)
 
 
-def calibrate_budget(t, resume: str | None, probe: Callable[[], dict], cost: StepCost, record, max_steps: int,
-                     budget: dict) -> tuple[int, dict]:
+def calibrate_budget(t, resume: str | None, probe: Callable[[], dict], cost: StepCost, record,
+                     plan: StepPlan) -> StepPlan:
     """``trainer.budget.seconds`` only: the step count that fills the seconds (``probe()``: a timing probe, see
-    :func:`calibrate_seconds`), recorded; a resumed run keeps the step count it was calibrated to."""
+    :func:`calibrate_seconds`), recorded; a resumed run keeps the step count it was calibrated to. Otherwise ``plan``
+    as it was."""
     if t.budget.seconds is None or cost.objective.name == "none":
-        return max_steps, budget
+        return plan
     if resume is not None:
         import torch
 
@@ -103,7 +113,7 @@ def calibrate_budget(t, resume: str | None, probe: Callable[[], dict], cost: Ste
     max_steps, budget = steps_for_budget(t, cost, steps=cal["steps"])
     budget["calibration"] = cal
     record.set(budget=budget)
-    return max_steps, budget
+    return StepPlan(max_steps, budget)
 
 
 def calibrate_seconds(t, d, make_module: Callable[[int], Any], dm) -> dict:

@@ -403,7 +403,8 @@ def _bench_table(spec: dict, root: Path) -> str:
     missing = [f for f, p in zip(files, loaded) if p is None]
     if missing:
         raise ReportError(f"benchmarks/results/{missing[0]}.json does not exist")
-    body = getattr(mod, name)(loaded if len(loaded) > 1 else loaded[0], **({"summary": True} if spec.get("summary") else {}))
+    kw = {k: spec[k] for k in ("summary", "recipes") if spec.get(k)}  # (time_to_pay's options)
+    body = getattr(mod, name)(loaded if len(loaded) > 1 else loaded[0], **kw)
     if len(loaded) == 1:
         return f"{body}\n\nMeasured on: {mod.where(loaded[0])}"
     where = "; ".join(dict.fromkeys(mod.where(p).rsplit("; ", 1)[0] for p in loaded))  # the date apart

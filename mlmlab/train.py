@@ -72,21 +72,21 @@ def check_job(cfg: DictConfig) -> None:
 
 def _run(cfg: DictConfig, job: Job) -> dict[str, float]:
     """The pretraining job, stage by stage: ``cfg`` is made typed once (``c``: ``TrainConfig``) and each stage takes the
-    groups it uses (the data and downstream stages still take composed nodes: ``cfg.data``, ``cfg.downstream``)."""
+    groups it uses."""
     c, record, out_dir = typed(cfg), job.record, job.out_dir
     # (resume: the data module's ResumableSampler position travels in the checkpoint, mlmlab.guard)
     for noise in (".*does not have many workers.*", ".*exists and is not empty.*", ".*your dataloader is not resumable.*"):
         warnings.filterwarnings("ignore", noise)
     from mlmlab.downstream import Protocol, save_predictions  # (Lightning: not on the import path of a bad config)
 
-    objective, proto = c.objective.name, Protocol.of(cfg.paths, cfg.data, cfg.downstream)
+    objective, proto = c.objective.name, Protocol.of(c.paths, c.data, c.downstream)
     with record.timer("data"):
-        data = prepare_data(proto, cfg.data, cfg.tokenizer, cfg.paths, c.eval.per_source)
+        data = prepare_data(proto, c.data, c.tokenizer, c.paths, c.eval.per_source)
         masking = build_masking_plan(build_recipe(c.mask, data.ctx, data.train_blocks), c.eval, data)
         dm = datamodule(c.data, c.seed, data, masking.val)
     cost = step_cost(c.trainer, c.data, c.model, c.objective, c.mask, data.vocab_size, masking.schedule,
                      data.stats["cand_frac"], data.stats["token_frac"])
-    max_steps, budget = plan_budget(c.trainer, cost, record)
+    plan = plan_budget(c.trainer, cost, record)
     describe(record, objective, c.data, data, masking, job.info)
     job.run = start_logging(c.logger.wandb, c.resume, job) if job.rank == 0 else None
     encoder_cfg, trainer_kw = encoder_config(c.model, data.vocab_size, objective), trainer_kwargs(c.trainer)
@@ -94,27 +94,28 @@ def _run(cfg: DictConfig, job: Job) -> dict[str, float]:
 
     pl.seed_everything(c.seed, workers=True, verbose=False)
     make = partial(build_module, c.objective, c.optim, c.seed, masking.suffix, encoder_cfg, recipe=masking.recipe)
-    max_steps, budget = calibrate_budget(c.trainer, c.resume, lambda: calibrate_seconds(c.trainer, c.data, make, dm),
-                                         cost, record, max_steps, budget)
-    module = make(max_steps=max(1, max_steps))
+    plan = calibrate_budget(c.trainer, c.resume, lambda: calibrate_seconds(c.trainer, c.data, make, dm), cost, record,
+                            plan)
+    module = make(max_steps=max(1, plan.max_steps))
     record.set(model=model_record(module, encoder_cfg), precision=trainer_kw["precision"])
     w = c.logger.wandb
     curve = eval_curve(c.eval.zeroshot_every_n_steps, c.eval.zeroshot_n_per_paradigm, proto, data.tok, encoder_cfg,
                        trainer_kw["precision"]) if objective != "none" else None
-    p = build_trainer(c.trainer, module, dm, out_dir, record, max_steps, budget, run_info(job, data, encoder_cfg, module,
-                      w), run=job.run, flush_seconds=w.flush_seconds if w else 2.0, curve=curve,
+    p = build_trainer(c.trainer, module, dm, out_dir, record, plan.max_steps, plan.budget,
+                      run_info(job, data, encoder_cfg, module, w), run=job.run,
+                      flush_seconds=w.flush_seconds if w else 2.0, curve=curve,
                       resume_from=resume_check(c.resume, job), trains=objective != "none")
     metrics: dict[str, float] = {}
     if objective != "none":
         d, ckpt = c.data, out_dir / "checkpoints" / "last.ckpt"
-        metrics = pretrain(p, d.batch_size * d.max_seq_len * c.trainer.accumulate_grad_batches, dm, record, budget,
+        metrics = pretrain(p, d.batch_size * d.max_seq_len * c.trainer.accumulate_grad_batches, dm, record, plan.budget,
                            ckpt if c.callbacks.checkpoint else None)
     metrics.update(evaluate(p, dm, masking.extra_val, lambda val: datamodule(c.data, c.seed, data, val), record))
     if not p.trainer.is_global_zero:
         return metrics
     metrics.update(downstream(proto, job, data, encoder_cfg, module, trainer_kw, w))
     if proto.ds.random_init_baseline and proto.ds.tasks:
-        metrics.update(random_init_baseline(proto, cfg.data, c.paths.cache_dir, trainer_kw, data.tok, encoder_cfg,
+        metrics.update(random_init_baseline(proto, c.data, c.paths.cache_dir, trainer_kw, data.tok, encoder_cfg,
                                             metrics, record, c.seed))
     save_predictions(out_dir, record)
     log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})

@@ -147,12 +147,21 @@ TINY_SWEEP = ["-m", "+sweep=wettig_rates", "mask.rate=0.15,0.4", "mask=bert", "s
 
 
 @pytest.fixture(scope="session")
-def tiny_sweep(tmp_path_factory, cache_dir) -> Path:
+def tiny_sweep(tmp_path_factory, cache_dir, worker_id) -> Path:
     """A real 2 rates x 2 seeds multirun of the wettig_rates sweep on the built-in corpus, through the core-splitting
     joblib launcher preset (2 parallel jobs), with 2 label budgets and probe curves every 10 steps; shared by the sweep,
-    analysis and notebook tests."""
-    sweep = tmp_path_factory.mktemp("tiny_sweep") / "wettig"
-    p = run_cli([*TINY_SWEEP, "hydra/launcher=cores", f"hydra.sweep.dir={sweep}"], cache_dir)  # joblib, 2 jobs x
-    # cores/2 threads each
-    assert p.returncode == 0, p.stderr[-3000:]
+    analysis and notebook tests -- and by the xdist workers of one run: the first to need it runs it (under a file
+    lock), the others read it (tests copy it before changing anything)."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.mktemp("tiny_sweep") if worker_id == "master" else \
+        tmp_path_factory.getbasetemp().parent / "tiny_sweep"  # the run's base dir: one per pytest run
+    root.mkdir(exist_ok=True)
+    sweep, done = root / "wettig", root / "done"
+    with FileLock(str(root / ".lock")):
+        if not done.exists():
+            p = run_cli([*TINY_SWEEP, "hydra/launcher=cores", f"hydra.sweep.dir={sweep}"], cache_dir)  # joblib, 2
+            # jobs x cores/2 threads each
+            assert p.returncode == 0, p.stderr[-3000:]
+            done.write_text("ok")
     return sweep

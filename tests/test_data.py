@@ -1,11 +1,15 @@
 """Built-in corpus, tokenizer, packing and caching."""
 
+import pytest
 import torch
-from conftest import blocks_of
+from conftest import SHARED, blocks_of
 
 from mlmlab.data import builtin
 from mlmlab.data.corpus import get_blocks, load_documents, pack, tokenize
 from mlmlab.data.tokenizer import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, train_wordpiece
+
+# corpus_key / tokenizer_key hashes of the debug=fast built-in corpus (tests/conftest.py FAST)
+PINNED_BUILTIN_KEYS = ("8fbd9695b58b7b88", "9071f6b227b8f007")
 
 
 def test_builtin_is_deterministic_and_tasks_hold_out_words():
@@ -85,3 +89,28 @@ def test_a_vocabulary_that_is_not_the_size_asked_for_is_a_warning(cfg_factory, c
         tok, _ = blocks_of(cfg_factory("tokenizer.vocab_size=12"))
     assert tok.get_vocab_size() > 12
     assert f"tokenizer.vocab_size=12 asked, the tokenizer has {tok.get_vocab_size()} tokens" in caplog.text
+
+
+@pytest.mark.parametrize("overrides", [(), ("experiment=real_en",), ("data=finance_mix", f"paths.data_dir={SHARED}")])
+def test_cache_keys_are_the_same_from_the_typed_config_and_the_composed_node(cfg_factory, overrides):
+    """The job hands the data stages its typed groups (DataConfig ...), tests and notebooks often the composed nodes:
+    the corpus, tokenizer and random-init keys must not depend on which, or every cache would be built twice (and
+    the ones of earlier runs never found). The built-in corpus's keys are pinned: a change rebuilds every cache."""
+    from mlmlab.baseline import LOADER_ONLY
+    from mlmlab.config import plain, typed
+    from mlmlab.data.cache import config_hash
+    from mlmlab.data.corpus import corpus_key, tokenizer_key
+
+    if "data=finance_mix" in overrides and not (SHARED / "finance_corpus").is_dir():
+        pytest.skip(f"{SHARED}/finance_corpus is not here")
+    node = cfg_factory(*overrides)
+    c = typed(node)
+
+    def keys(d, t):
+        return (config_hash(corpus_key(d)), config_hash(tokenizer_key(d, t)),
+                config_hash({k: v for k, v in plain(d).items() if k not in LOADER_ONLY}))
+
+    assert keys(c.data, c.tokenizer) == keys(node.data, node.tokenizer)
+    assert plain(c.downstream) == plain(node.downstream)
+    if not overrides:
+        assert keys(c.data, c.tokenizer)[:2] == PINNED_BUILTIN_KEYS

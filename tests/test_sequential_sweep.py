@@ -103,6 +103,7 @@ def records(sweep):
     return sorted(sweep.glob("*/results.json"))
 
 
+@pytest.mark.slow
 def test_sequential_sweep_stops_by_itself_on_a_planted_effect(tmp_path, cache_dir):
     """Real jobs through the core-splitting launcher: 20 steps against 10 doubles the tokens seen (the primary here, a
     planted effect with no noise); the rule decides at the first look, so the second round's seeds never run."""
@@ -116,6 +117,7 @@ def test_sequential_sweep_stops_by_itself_on_a_planted_effect(tmp_path, cache_di
     assert s["arms"][0]["arm"] == "trainer.max_steps=20" and s["arms"][0]["verdict"] == "better"
 
 
+@pytest.mark.slow
 def test_sequential_sweep_without_an_effect_runs_every_round_and_resumes(tmp_path, cache_dir):
     """Real jobs, no effect on the primary (tokens seen do not depend on the mask rate) and no margin declared: no
     winner is called; all rounds run. One record lost: the rerun runs that job alone and ends where it did."""

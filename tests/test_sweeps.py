@@ -129,6 +129,7 @@ def test_sweep_file_with_an_unknown_key_fails_before_any_job(tmp_path, cache_dir
         assert not list(out.rglob("results.json"))  # nothing ran
 
 
+@pytest.mark.slow
 def test_joblib_multirun_and_skip_completed(tiny_sweep, cache_dir):
     df = load_runs(tiny_sweep)
     assert sorted(zip(df["mask.rate"], df["seed"])) == [(0.15, 0), (0.15, 1), (0.4, 0), (0.4, 1)]
@@ -227,6 +228,7 @@ def test_every_combination_of_a_grid_is_distinct():
             assert len(combos) == len(set(combos)), name
 
 
+@pytest.mark.slow
 def test_submitit_launcher_runs_jobs(tmp_path, cache_dir):
     """submitit's local executor: the same launcher code path as SLURM (pickled job, submitit folder, results
     collected), without a cluster."""

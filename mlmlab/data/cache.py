@@ -22,6 +22,18 @@ from filelock import FileLock
 log = logging.getLogger(__name__)
 
 
+def plain(node) -> dict:
+    """A config group as a plain dict, whether it is the composed node (DictConfig) or its typed owner (a dataclass):
+    both give the same dict, so the cache keys made of it do not depend on which one a stage was handed."""
+    import dataclasses
+
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(node, DictConfig):
+        return OmegaConf.to_container(node, resolve=True)
+    return dataclasses.asdict(node) if dataclasses.is_dataclass(node) else dict(node)
+
+
 def config_hash(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

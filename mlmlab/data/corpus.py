@@ -17,13 +17,13 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 
 from mlmlab.data import builtin
-from mlmlab.data.cache import cached_file, config_hash
+from mlmlab.data.cache import cached_file, config_hash, plain
 from mlmlab.data.tokenizer import (
     CLS,
     PAD,
@@ -35,6 +35,9 @@ from mlmlab.data.tokenizer import (
     train_wordpiece,
 )
 from mlmlab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mlmlab.config import DataConfig, TokenizerConfig
 
 log = logging.getLogger(__name__)
 
@@ -56,25 +59,25 @@ def _files_key(path: str, key: str) -> list:
     return [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in text_files(path, key)]
 
 
-def corpus_key(d: DictConfig) -> dict:
+def corpus_key(d: DataConfig) -> dict:
     """What identifies the documents of a corpus (not how they are tokenized or packed)."""
     key = _corpus_key(d)
-    return {**key, "strip_html": True} if d.get("strip_html") else key  # unset: the keys of existing caches
+    return {**key, "strip_html": True} if d.strip_html else key  # unset: the keys of existing caches
 
 
-def _corpus_key(d: DictConfig) -> dict:
+def _corpus_key(d: DataConfig) -> dict:
     if d.name == "builtin":
         return {"name": "builtin", "n_docs": d.n_docs, "n_val_docs": d.n_val_docs, "n_topics": d.n_topics,
                 "corpus_seed": d.corpus_seed, "version": 2}
-    if d.get("mix"):
+    if d.mix:
         return {"name": d.name, "doc_sep": d.doc_sep, "val_fraction": d.val_fraction, "mix_seed": d.mix_seed, "mix": [
-            {"files": _files_key(s.path, f"data.mix[{i}].path"), "weight": float(s.get("weight", 1.0)),
-             "val_files": _files_key(s.val_path, f"data.mix[{i}].val_path") if s.get("val_path") else None}
+            {"files": _files_key(s["path"], f"data.mix[{i}].path"), "weight": float(s.get("weight", 1.0)),
+             "val_files": _files_key(s["val_path"], f"data.mix[{i}].val_path") if s.get("val_path") else None}
             for i, s in enumerate(d.mix)]}
     if uses_hub(d):
-        return {"name": d.name, "hub": d.hub, "hub_name": d.get("hub_name"), "hub_split": d.get("hub_split"),
-                "hub_val_split": d.get("hub_val_split"), "text_column": d.get("text_column"),
-                "val_fraction": None if d.get("hub_val_split") else d.val_fraction,
+        return {"name": d.name, "hub": d.hub, "hub_name": d.hub_name, "hub_split": d.hub_split,
+                "hub_val_split": d.hub_val_split, "text_column": d.text_column,
+                "val_fraction": None if d.hub_val_split else d.val_fraction,
                 # a local folder given as data.hub: its files' sizes and times, so edits rebuild the caches
                 "local": _files_any(d.hub) if Path(str(d.hub)).expanduser().exists() else None}
     key = {"name": d.name, "files": _files_key(d.path, "data.path"), "doc_sep": d.doc_sep}
@@ -144,7 +147,7 @@ def _read_docs(path: str, doc_sep: str, key: str) -> list[str]:
     return list(_text_dataset(path, doc_sep, key)["text"])
 
 
-def load_documents(d: DictConfig, cache_dir: str | None = None) -> dict[str, list[str]]:
+def load_documents(d: DataConfig, cache_dir: str | None = None) -> dict[str, list[str]]:
     """``{"train": [...], "validation": [...]}`` documents for the data config, as lists (small corpora, tests)."""
     return {split: list(ds["text"]) for split, ds in document_datasets(d, cache_dir).items()}
 
@@ -160,21 +163,21 @@ def strip_html(text: str) -> str:
     return re.sub(r"\s+", " ", html.unescape(re.sub(HTML_TAG, " ", text))).strip()
 
 
-def document_datasets(d: DictConfig, cache_dir: str | None = None) -> dict:
+def document_datasets(d: DataConfig, cache_dir: str | None = None) -> dict:
     """``{"train": Dataset, "validation": Dataset}`` (column ``text``): the built-in corpus (in memory), local text files
     or a mixture of them (memory-mapped Arrow under ``<cache_dir>/hf``), or a hub data set (``data.hub``); with
     ``data.strip_html`` the documents' markup removed."""
     return _cleaned(d, _documents(d, cache_dir), cache_dir)
 
 
-def _cleaned(d: DictConfig, docs: dict, cache_dir: str | None) -> dict:
-    if not d.get("strip_html"):
+def _cleaned(d: DataConfig, docs: dict, cache_dir: str | None) -> dict:
+    if not d.strip_html:
         return docs
     return {k: _clean(ds.map(lambda b: {"text": [strip_html(t) for t in b["text"]]}, batched=True,
                              keep_in_memory=not cache_dir), keep_in_memory=not cache_dir) for k, ds in docs.items()}
 
 
-def _documents(d: DictConfig, cache_dir: str | None = None) -> dict:
+def _documents(d: DataConfig, cache_dir: str | None = None) -> dict:
     import datasets
 
     if d.name == "builtin":
@@ -184,18 +187,18 @@ def _documents(d: DictConfig, cache_dir: str | None = None) -> dict:
             "validation": datasets.Dataset.from_dict(
                 {"text": builtin.generate_corpus(d.n_val_docs, seed=d.corpus_seed + 10_000, n_topics=d.n_topics)}),
         }
-    if d.get("mix"):
+    if d.mix:
         return _mixture(d, cache_dir)
     if uses_hub(d):
         return _hub_corpus(d, cache_dir)
     return _source(d.path, d.val_path, d.doc_sep, d.val_fraction, "data", cache_dir)
 
 
-def uses_hub(d: DictConfig) -> bool:
+def uses_hub(d: DataConfig) -> bool:
     """Whether a (non-mixture) corpus comes from the hub: ``data.source=hub``, or ``auto`` with ``data.hub`` set and
     ``data.path`` unset or not on this machine (a preset's local copy wins where the data dir has it)."""
-    source = d.get("source", "auto")
-    if source == "hub" or (source == "auto" and d.get("hub")
+    source = d.source
+    if source == "hub" or (source == "auto" and d.hub
                            and (d.path is None or not Path(str(d.path)).expanduser().exists())):
         return True
     return False
@@ -217,40 +220,40 @@ def _source(path: str, val_path: str | None, doc_sep: str, val_fraction: float, 
     return _split(train, val_fraction, f"{key}.path", path)
 
 
-def _hub_corpus(d: DictConfig, cache_dir: str | None) -> dict:
+def _hub_corpus(d: DataConfig, cache_dir: str | None) -> dict:
     """``datasets.load_dataset(data.hub, data.hub_name, split=...)``: a hub name, or anything else load_dataset takes (a
     local folder of data files, a loading script). Non-empty values of ``data.text_column`` are the documents."""
     from mlmlab.data.hub import load_dataset
 
-    where = f"data.hub={d.hub!r}" + (f" data.hub_name={d.hub_name!r}" if d.get("hub_name") else "")
+    where = f"data.hub={d.hub!r}" + (f" data.hub_name={d.hub_name!r}" if d.hub_name else "")
 
     def load(split: str):
         try:  # the user's HF cache (HF_DATASETS_CACHE): what is downloaded there is reused, also offline
-            ds = load_dataset(d.hub, d.get("hub_name"), split=split)
+            ds = load_dataset(d.hub, d.hub_name, split=split)
         except Exception as e:  # offline, unknown name, unknown split: say what was asked and how to work offline
             raise ConfigError(f"{where}: could not load split {split!r} ({type(e).__name__}: {e}); for offline work "
                               "set data.path to local text files (or paths.data_dir for a preset's local copy)") from e
-        col = d.get("text_column", "text")
+        col = d.text_column
         if col not in ds.column_names:
             raise ConfigError(f"{where} split {split!r} has no column data.text_column={col!r}; it has "
                               f"{ds.column_names}")
         ds = ds.select_columns([col])
         return _clean(ds.rename_column(col, "text") if col != "text" else ds, keep_in_memory=False)
 
-    train = load(d.get("hub_split") or "train")
+    train = load(d.hub_split or "train")
     if len(train) == 0:
-        raise ConfigError(f"{where} split {d.get('hub_split') or 'train'!r} holds no text")
-    if d.get("hub_val_split"):
+        raise ConfigError(f"{where} split {d.hub_split or 'train'!r} holds no text")
+    if d.hub_val_split:
         return {"train": train, "validation": load(d.hub_val_split)}
     return _split(train, d.val_fraction, "data.hub", d.hub)
 
 
-def _mixture(d: DictConfig, cache_dir: str | None = None) -> dict:
+def _mixture(d: DataConfig, cache_dir: str | None = None) -> dict:
     """Training documents interleaved from the sources with probabilities proportional to their weights until every
     source is used up (smaller sources repeat); validation is every source's held-out documents, unmixed."""
     import datasets
 
-    parts = [_source(s.path, s.get("val_path"), d.doc_sep, d.val_fraction, f"data.mix[{i}]", cache_dir)
+    parts = [_source(s["path"], s.get("val_path"), d.doc_sep, d.val_fraction, f"data.mix[{i}]", cache_dir)
              for i, s in enumerate(d.mix)]
     weights = [float(s.get("weight", 1.0)) for s in d.mix]
     probs = [w / sum(weights) for w in weights]
@@ -259,25 +262,25 @@ def _mixture(d: DictConfig, cache_dir: str | None = None) -> dict:
     return {"train": mixed, "validation": datasets.concatenate_datasets([p["validation"] for p in parts])}
 
 
-def source_val_blocks(d: DictConfig, t: DictConfig, cache_dir: str | None, tok) -> list[dict[str, torch.Tensor]]:
+def source_val_blocks(d: DataConfig, t: TokenizerConfig, cache_dir: str | None, tok) -> list[dict[str, torch.Tensor]]:
     """``data.mix``: each source's validation documents packed on their own -- the same cleaning, tokenizer, word
     segmenter and block length as the mixture's validation split (which is these documents in source order), at most
     ``data.max_val_blocks`` blocks each -- for the per-source fixed-mask losses of ``eval.per_source``. In memory:
     validation splits are small. ``d``, ``t``: ``data.*``, ``tokenizer.*``."""
     out = []
     for i, s in enumerate(d.mix):
-        val = _source(s.path, s.get("val_path"), d.doc_sep, d.val_fraction, f"data.mix[{i}]", cache_dir)["validation"]
+        val = _source(s["path"], s.get("val_path"), d.doc_sep, d.val_fraction, f"data.mix[{i}]", cache_dir)["validation"]
         texts = list(_cleaned(d, {"validation": val}, cache_dir)["validation"]["text"])
         ids, words = tokenize(tok, texts, t.word_segmenter)
         out.append({k: v[: d.max_val_blocks] for k, v in pack(ids, words, d.max_seq_len).items()})
     return out
 
 
-def tokenizer_key(d: DictConfig, t: DictConfig) -> dict:
+def tokenizer_key(d: DataConfig, t: TokenizerConfig) -> dict:
     """What identifies a trained tokenizer. The word segmenter is left out: it changes word ids, not the vocabulary,
     so runs with and without segmentation share one tokenizer (and the blocks key adds it back). ``d``, ``t``:
     ``data.*``, ``tokenizer.*``."""
-    tk = {k: v for k, v in dict(t).items() if k != "word_segmenter"}
+    tk = {k: v for k, v in plain(t).items() if k != "word_segmenter"}
     return {"corpus": corpus_key(d), "tokenizer": tk, "trainer": 2}  # 2: deterministic (train_wordpiece)
 
 
@@ -411,7 +414,7 @@ def _tokenize_batch(batch: dict, tok, segmenter: str) -> dict:
             "length": [len(i) for i in ids]}
 
 
-def tokenized_corpus(d: DictConfig, t: DictConfig, cache_dir: str, tok, split: str, docs) -> object:
+def tokenized_corpus(d: DataConfig, t: TokenizerConfig, cache_dir: str, tok, split: str, docs) -> object:
     """The token ids and word ids of one split's documents: ``datasets.map(batched=True, num_proc=data.num_proc)``
     over the Arrow documents, saved under ``<cache_dir>/tokens/<hash>/`` (the hash of corpus, tokenizer, segmenter and
     split) and memory-mapped from there, so a sweep tokenizes once and changing ``data.max_seq_len`` only re-packs."""
@@ -492,7 +495,7 @@ def block_stats(blocks: dict[str, torch.Tensor]) -> dict[str, float | int]:
     return {"tokens": tokens, "cand_frac": cand / (n * seq), "token_frac": body / (n * (seq - 1))}
 
 
-def get_blocks(d: DictConfig, t: DictConfig, cache_dir: str,
+def get_blocks(d: DataConfig, t: TokenizerConfig, cache_dir: str,
                report: dict | None = None) -> tuple[object, dict[str, dict[str, torch.Tensor]]]:
     """The tokenizer and the packed blocks of both splits of ``data.*`` (``d``) with ``tokenizer.*`` (``t``), from the
     cache (``paths.cache_dir``) when the same settings made them before. ``report``: filled with each split's packing
@@ -525,7 +528,7 @@ def get_blocks(d: DictConfig, t: DictConfig, cache_dir: str,
             key["word_segmenter"] = segmenter
 
         def build(tmp: Path, split=split) -> None:
-            src = d.get("hub") if uses_hub(d) else (d.get("path") or d.name)
+            src = d.hub if uses_hub(d) else (d.path or d.name)
             pack_dataset(tokenized_corpus(d, t, cache_dir, tok, split, lazy_docs), d.max_seq_len, tmp,
                          f"the {split} split of data={d.name} ({src})")
 

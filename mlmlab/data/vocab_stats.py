@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from omegaconf import DictConfig
 
 from mlmlab.data.cache import cached_file, config_hash
 from mlmlab.data.corpus import _read_docs, iter_rows, text_files, tokenizer_key
 from mlmlab.data.tokenizer import SPECIAL_TOKENS, UNK
 from mlmlab.errors import ConfigError
 from mlmlab.masking.replacement import SamplerContext
+
+if TYPE_CHECKING:
+    from mlmlab.config import DataConfig, PathsConfig, TokenizerConfig
 
 COUNTS_VERSION = 1
 
@@ -98,7 +101,7 @@ def _cached_counts(cache_dir: str, kind: str, key: dict, compute) -> torch.Tenso
     return torch.load(cached_file(cache_dir, kind, key, "counts.pt", build), weights_only=True)
 
 
-def make_sampler_context(d: DictConfig, t: DictConfig, paths: DictConfig, tok,
+def make_sampler_context(d: DataConfig, t: TokenizerConfig, paths: PathsConfig, tok,
                          blocks: dict[str, dict[str, torch.Tensor]]) -> SamplerContext:
     """The SamplerContext of a run: ``tok`` and ``blocks`` are what :func:`mlmlab.data.corpus.get_blocks` returned for
     ``data.*`` (``d``) and ``tokenizer.*`` (``t``); ``paths.*``: the cache and the data dir."""

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import ListConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mlmlab.data.tasks import TaskSource, TaskSpec, hold_out, task_registry
 from mlmlab.downstream.encoding import encode_split
@@ -37,7 +38,10 @@ class Protocol:
 
     @classmethod
     def of(cls, paths, data, downstream) -> Protocol:
-        """From the ``paths``, ``data`` and ``downstream`` groups."""
+        """From the ``paths``, ``data`` and ``downstream`` groups (typed, or composed nodes, which become their typed
+        owner here: below, ``ds`` is always a ``DownstreamConfig``)."""
+        if isinstance(downstream, DictConfig):
+            downstream = OmegaConf.to_object(downstream)
         return cls(downstream, TaskSource.of(paths, data, downstream))
 
     @property
@@ -199,10 +203,8 @@ def curve_evaluator(p: Protocol, n_per_paradigm: int | None, tok, encoder_cfg: d
     """``eval.zeroshot_every_n_steps``: what mlmlab.lit.curves.EvalCurve runs on the module being pretrained -- each
     minimal-pairs task of ``downstream.tasks`` zero-shot (``eval.zeroshot_n_per_paradigm`` pairs per paradigm, no
     unigram floor) and the linear probe of each classification task (at the largest label budget)."""
-    from omegaconf import OmegaConf
-
-    sub = Protocol(OmegaConf.merge(p.ds, {"protocol": "probe", "zeroshot": {"n_per_paradigm": n_per_paradigm,
-                                                                           "unigram_floor": False}}), p.src)
+    zeroshot = dataclasses.replace(p.ds.zeroshot, n_per_paradigm=n_per_paradigm, unigram_floor=False)
+    sub = Protocol(dataclasses.replace(p.ds, protocol="probe", zeroshot=zeroshot), p.src)
     budgets = label_budgets(p.ds.max_train_examples)
     budget = None if None in budgets else max(budgets)
     tasks = p.tasks
