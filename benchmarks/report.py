@@ -155,7 +155,7 @@ def time_to_pay(payloads: dict | list[dict], summary: bool = False, recipes: dic
             cells.append(f"{100 * iv.mean:+.1f} [{100 * iv.low:+.1f}, {100 * iv.high:+.1f}] over {len(lows)} seeds: "
                          f"{verdict}{goal}")
         if any(c != "-" for c in cells):
-            rows.append([recipe, f"{minutes:g}", str(len(rs)), *cells] if summary else
+            rows.append([recipe, f"{minutes:g}", str(len({r["seed"] for r in rs})), *cells] if summary else
                         [recipe, f"{minutes:g}", "all", "", "", "", *cells])
     if summary:
         head = ["recipe", "budget, min", "pretraining seeds", *head[6:]]
