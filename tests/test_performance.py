@@ -182,6 +182,7 @@ def test_ddp_two_processes_distinct_reproducible_masks_and_exact_synced_validati
     assert val["synced"]["val/mlm_loss_r15"] == pytest.approx(val["one_process_loss"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_gpu_check_runs_on_its_cpu_path(tmp_path, cache_dir):
     """benchmarks/gpu_check.sh, prepared for a GPU, runs its three parts on the CPU at smoke size and writes its JSON
     (the step against HF, the default job end to end, a 1-device DDP job)."""

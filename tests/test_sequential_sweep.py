@@ -149,6 +149,7 @@ def test_sequential_sweep_is_validated_before_any_job(tmp_path, cache_dir):
     assert not list(sweep.rglob("results.json"))
 
 
+@pytest.mark.slow
 def test_rerunning_a_plain_multirun_skips_finished_jobs_unless_forced(tmp_path, cache_dir):
     sweep = tmp_path / "plain"
     args = [*JOB, "seed=0", f"hydra.sweep.dir={sweep}"]
