@@ -161,6 +161,7 @@ def test_checkpoint_write_is_atomic(tmp_path):
 # ------------------------------------------------------------------------------------------- sweeps
 
 
+@pytest.mark.slow
 def test_sweep_killed_midway_is_completed_by_rerunning_it(tmp_path, cache_dir):
     """A multirun whose machine dies (SIGKILL) in its second job: re-running the same command with
     skip_completed=true skips the finished job and runs the killed one; the summary then says 2 of 2 ok."""

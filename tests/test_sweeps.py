@@ -164,6 +164,7 @@ def test_joblib_multirun_and_skip_completed(tiny_sweep, cache_dir):
     assert len(load_runs(again)) == 4
 
 
+@pytest.mark.slow
 def test_skip_completed_reruns_a_job_whose_config_changed(tmp_path, cache_dir):
     out = tmp_path / "job"
     args = ["debug=fast", "downstream.tasks=[builtin_sentiment]", "skip_completed=true", f"hydra.run.dir={out}"]
@@ -198,6 +199,7 @@ def test_slurm_launcher_composes(launcher):
         assert lc.gpus_per_node == lc.tasks_per_node and lc.timeout_min > 0
 
 
+@pytest.mark.slow
 def test_parallel_jobs_build_one_cache(tmp_path):
     """Two jobs started together on an empty cache: the tokenizer, tokenized corpus, blocks and token counts are built
     once, and both jobs use them (file lock + atomic rename)."""
