@@ -48,8 +48,8 @@ QUICK = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=2", "mod
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--impl", choices=("ours", "hf"), default="hf")
-    p.add_argument("--steps", type=int, default=1800, help="optimizer steps (the lr schedule decays over them)")
-    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--steps", type=int, help="optimizer steps, the lr schedule decays over them (default 1800)")
+    p.add_argument("--eval-every", type=int, help="validation every n steps (default 100)")
     p.add_argument("--overrides", nargs="*", default=[], help="Hydra overrides of the job (objective=electra is added)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--name", help="result name (default <impl>_<steps>)")
@@ -58,7 +58,9 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.quick:
         args.overrides = QUICK + args.overrides
-        args.steps, args.eval_every = 60, 30
+    quick = args.quick
+    args.steps = args.steps or (60 if quick else 1800)
+    args.eval_every = args.eval_every or (30 if quick else 100)
     return args
 
 

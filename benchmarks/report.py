@@ -163,6 +163,32 @@ def time_to_pay(payloads: dict | list[dict], summary: bool = False, recipes: dic
     return md(rows, head) + f"\n\nEach job pinned to one core with one torch thread ({cpus})."
 
 
+def electra_reference(payloads: dict | list[dict], labels: list[str] | None = None,
+                      steps: list[int] | None = None) -> str:
+    """bench_electra_reference.py's curves side by side: for each run (``labels``, default its impl and norm) the
+    discriminator's recall on replaced tokens and its BCE less the base rate's entropy (negative: it beats always
+    answering the base rate) on the fixed validation masks, at ``steps`` (default every evaluation), then the
+    generator's MLM loss at the last step, the base rate and the run's seconds per step."""
+    runs = payloads if isinstance(payloads, list) else [payloads]
+    labels = labels or [f"{p['impl']} ({p['norm']}-LN)" for p in runs]
+    curves = [{c["step"]: c["val"] for c in p["curve"]} for p in runs]
+    at = steps or sorted(set().union(*curves))
+    head = ["step"] + [f"{lab}: {what}" for lab in labels for what in ("recall", "BCE - H(base)")]
+    rows = []
+    for s in at:
+        row = [f"{s:,}"]
+        for c in curves:
+            v = c.get(s)
+            row += (["-", "-"] if v is None else
+                    [f"{v['disc_recall_replaced']:.3f}", f"{v['disc_loss'] - v['base_rate_entropy']:+.3f}"])
+        rows.append(row)
+    last = [c[max(c)] for c in curves]
+    rows.append(["last: gen. loss / base rate"] + [x for v in last for x in (f"{v['gen_mlm_loss']:.3f}",
+                                                                               f"{v['replaced_frac']:.3f}")])
+    rows.append(["s per step"] + [x for p in runs for x in (f"{p['s_per_step']:.2f}", "")])
+    return md(rows, head)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default=str(RESULTS_DIR))

@@ -70,6 +70,8 @@ def cached_random_init(p, data, cache_dir: str, precision: str, tok, encoder_cfg
     from mlmlab.data.cache import cached_file
 
     ds = {k: v for k, v in plain(p.ds).items() if k not in ("wandb_runs", "reuse_random_init")}
+    if ds.get("finetune", {}).get("layer_decay") is None:  # the option's default: the keys of earlier rows still hold
+        ds["finetune"] = {k: v for k, v in ds["finetune"].items() if k != "layer_decay"}
     from mlmlab.downstream import PROTOCOL_VERSION
     from mlmlab.hardware import cpu_kind
 

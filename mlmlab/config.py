@@ -228,6 +228,9 @@ class FinetuneConfig:
     max_seq_len: int = 64
     weight_decay: float = 0.01
     warmup_frac: float = 0.1
+    # ELECTRA's layer-wise lr decay (Clark et al. 2020 used 0.8): the classifier gets lr, encoder layer i of L gets
+    # lr x layer_decay^(L - i), the embeddings lr x layer_decay^(L + 1); null: one lr for every parameter
+    layer_decay: float | None = None
     dropout: float = 0.1
     pooling: str = "auto"  # auto (mean; last token for objective=clm) | mean | cls | last
     stride: int = 32  # overlap (tokens) of consecutive windows over texts longer than max_seq_len
@@ -542,6 +545,8 @@ def validate_downstream(cfg: DictConfig, objective: str, max_positions: int) -> 
     _check(f.epochs >= 1, f"downstream.finetune.epochs={f.epochs} must be >= 1")
     _check(f.batch_size >= 1, f"downstream.finetune.batch_size={f.batch_size} must be >= 1")
     _check(0 <= f.warmup_frac <= 1, f"downstream.finetune.warmup_frac={f.warmup_frac} must be in [0, 1]")
+    _check(f.layer_decay is None or (isinstance(f.layer_decay, (int, float)) and 0 < f.layer_decay <= 1),
+           f"downstream.finetune.layer_decay={f.layer_decay} must be in (0, 1] or null (one lr)")
     _check(0 <= f.dropout < 1, f"downstream.finetune.dropout={f.dropout} must be in [0, 1)")
     lrs = list(f.lr) if isinstance(f.lr, ListConfig) else [f.lr]
     _check(len(lrs) >= 1 and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in lrs),

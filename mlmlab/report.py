@@ -389,8 +389,9 @@ def _bench_table(spec: dict, root: Path) -> str:
     line saying where it was measured."""
     bench_dir = root / "benchmarks"
     name = spec["bench"]
-    if name not in ("masking", "step", "data", "e2e", "time_to_pay"):
-        raise ReportError(f"bench: {name!r} is not known; allowed: masking, step, data, e2e, time_to_pay")
+    known = ("masking", "step", "data", "e2e", "time_to_pay", "electra_reference")
+    if name not in known:
+        raise ReportError(f"bench: {name!r} is not known; allowed: {', '.join(known)}")
     sys.path.insert(0, str(bench_dir))  # report.py imports its sibling _common
     try:
         mod_spec = importlib.util.spec_from_file_location("mlmlab_bench_report", bench_dir / "report.py")
@@ -403,7 +404,7 @@ def _bench_table(spec: dict, root: Path) -> str:
     missing = [f for f, p in zip(files, loaded) if p is None]
     if missing:
         raise ReportError(f"benchmarks/results/{missing[0]}.json does not exist")
-    kw = {k: spec[k] for k in ("summary", "recipes") if spec.get(k)}  # (time_to_pay's options)
+    kw = {k: spec[k] for k in ("summary", "recipes", "labels", "steps") if spec.get(k)}  # (time_to_pay's, electra's)
     body = getattr(mod, name)(loaded if len(loaded) > 1 else loaded[0], **kw)
     if len(loaded) == 1:
         return f"{body}\n\nMeasured on: {mod.where(loaded[0])}"

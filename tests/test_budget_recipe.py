@@ -26,6 +26,8 @@ from mlmlab.downstream import paired_gain
     (["trainer.budget.seconds=60", "trainer.budget.tokens=1e6"], "set at most one budget"),
     (["trainer.budget.seconds=60", "trainer.devices=2", "trainer.accelerator=cpu"], "calibrates the step count on one"),
     (["downstream.max_selection_examples=0"], "downstream.max_selection_examples=0 must be >= 1"),
+    (["downstream.finetune.layer_decay=1.5"], "downstream.finetune.layer_decay=1.5 must be in (0, 1] or null"),
+    (["downstream.finetune.layer_decay=0"], "downstream.finetune.layer_decay=0.0 must be in (0, 1] or null"),
 ])
 def test_recipe_keys_rejected_before_any_work(overrides, message, cfg_factory):
     with pytest.raises(ConfigError) as e:

@@ -48,3 +48,31 @@ def test_wsd_schedule_is_validated_and_drives_the_optimizer(cfg_factory):
         sched.optimizer.step()
         sched.step()
     assert lrs == pytest.approx([1, 1, 1, 1, 1, 1, 0.8, 0.6, 0.4, 0.2])
+
+
+# ------------------------------------------------------------------------- layer-wise lr decay (issue 42, item 4)
+
+def test_layer_decay_gives_each_depth_its_lr_and_none_keeps_one_lr():
+    """ELECTRA's fine-tuning protocol: the head at lr, layer i of L at lr x d^(L - i), the embeddings at lr x d^(L + 1);
+    BERT's no-decay split kept within each depth; the schedule scales every group's own lr."""
+    from mlmlab.lit.finetune import FinetuneModule
+    from mlmlab.lit.optim import layer_depth
+
+    enc = {"vocab_size": 50, "hidden_size": 16, "num_layers": 3, "num_heads": 2, "intermediate_size": 32,
+           "max_position_embeddings": 32, "norm": "pre"}
+    m = FinetuneModule(enc, 2, 1e-3, 0.01, 0.0, 10, layer_decay=0.5)
+    opt = m.configure_optimizers()["optimizer"]
+    lr_of = {id(p): (g["lr"], g["weight_decay"]) for g in opt.param_groups for p in g["params"]}
+    for name, p in m.model.named_parameters():
+        d = layer_depth(name, 3)
+        if name.startswith("bert.embeddings."):
+            assert d == 0
+        elif ".layer.2." in name:
+            assert d == 3
+        elif not name.startswith("bert."):
+            assert d == 4  # the classifier
+        assert lr_of[id(p)][0] == pytest.approx(1e-3 * 0.5 ** (4 - d)), name
+        assert lr_of[id(p)][1] == (0.0 if p.ndim < 2 or "LayerNorm" in name.split(".") or d == 0 else 0.01), name
+    assert len(lr_of) == sum(1 for _ in m.model.parameters())
+    plain_opt = FinetuneModule(enc, 2, 1e-3, 0.01, 0.0, 10).configure_optimizers()["optimizer"]
+    assert len(plain_opt.param_groups) == 2 and {g["lr"] for g in plain_opt.param_groups} == {1e-3}

@@ -123,7 +123,7 @@ def _finetune_one(f, spec: TaskSpec, encoder_cfg: dict, encoder_state: dict, lab
     total = f.epochs * len(train_dl)
     module = FinetuneModule({**encoder_cfg, "dropout": f.dropout}, len(label_names), lr, f.weight_decay, f.warmup_frac,
                             total, f.dropout, encoder_state, resolve_pooling(f.pooling, encoder_cfg),
-                            token_level=spec.kind == "token")
+                            token_level=spec.kind == "token", layer_decay=f.layer_decay)
     # length_buckets: large no-grad batches of similar length (predict_logits); else in-order batches as before
     eval_bs = max(256, f.batch_size) if f.length_buckets else max(64, f.batch_size)
     callbacks = []

@@ -12,7 +12,7 @@ from mlmlab.models.encoder import EncoderConfig, SequenceClassifier, TokenClassi
 class FinetuneModule(pl.LightningModule):
     def __init__(self, encoder: dict, num_labels: int, lr: float, weight_decay: float, warmup_frac: float,
                  total_steps: int, dropout: float = 0.1, encoder_state: dict | None = None, pooling: str = "mean",
-                 token_level: bool = False):
+                 token_level: bool = False, layer_decay: float | None = None):
         super().__init__()
         self.save_hyperparameters(ignore=["encoder_state"], logger=False)
         c = EncoderConfig(**encoder)
@@ -34,4 +34,6 @@ class FinetuneModule(pl.LightningModule):
     def configure_optimizers(self):
         h = self.hparams
         return adamw_with_schedule(self.model, h.lr, h.weight_decay, (0.9, 0.999), 1e-8,
-                                   int(h.warmup_frac * h.total_steps), h.total_steps, "linear")
+                                   int(h.warmup_frac * h.total_steps), h.total_steps, "linear",
+                                   layer_decay=None if h.layer_decay is None else (h.layer_decay,
+                                                                                   h.encoder["num_layers"]))

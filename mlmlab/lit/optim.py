@@ -20,6 +20,29 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def layer_depth(name: str, num_layers: int) -> int:
+    """ELECTRA's depth of an encoder parameter for layer-wise lr decay: the embeddings 0, layer ``i`` (``...layer.<i>.``)
+    ``i + 1``, everything above the layers (a pre-LN encoder's last LayerNorm, the task head) ``num_layers + 1``."""
+    parts = name.split(".")
+    if "embeddings" in parts:
+        return 0
+    for a, b in zip(parts, parts[1:]):
+        if a == "layer" and b.isdigit():
+            return int(b) + 1
+    return num_layers + 1
+
+
+def layer_decay_groups(model: nn.Module, weight_decay: float, lr: float, decay: float, num_layers: int) -> list[dict]:
+    """:func:`param_groups` split by depth (:func:`layer_depth`), each at ``lr x decay^(num_layers + 1 - depth)``."""
+    depth = {id(p): layer_depth(n, num_layers) for n, p in model.named_parameters()}
+    groups = []
+    for g in param_groups(model, weight_decay):
+        for d in sorted({depth[id(p)] for p in g["params"]}):
+            groups.append({"params": [p for p in g["params"] if depth[id(p)] == d], "weight_decay": g["weight_decay"],
+                           "lr": lr * decay ** (num_layers + 1 - d), "depth": d})
+    return groups
+
+
 def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float = 0.0,
               decay_frac: float | None = None) -> float:
     """The lr multiplier at ``step``: linear warmup over ``warmup`` steps, then ``schedule`` -- linear or cosine decay
@@ -57,8 +80,12 @@ def impl_kwargs(impl: str = "auto") -> dict:
 
 def adamw_with_schedule(model: nn.Module, lr: float, weight_decay: float, betas, eps: float, warmup: int, total: int,
                         schedule: str = "linear", min_ratio: float = 0.0, impl: str = "auto",
-                        decay_frac: float | None = None):
-    opt = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), eps=eps, **impl_kwargs(impl))
+                        decay_frac: float | None = None, layer_decay: tuple[float, int] | None = None):
+    """AdamW with BERT's no-decay groups and the lr schedule; ``layer_decay=(decay, num_layers)``: ELECTRA's layer-wise
+    lr decay (:func:`layer_decay_groups`), the schedule multiplying each group's own lr."""
+    groups = (param_groups(model, weight_decay) if layer_decay is None
+              else layer_decay_groups(model, weight_decay, lr, *layer_decay))
+    opt = torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, **impl_kwargs(impl))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup, total, schedule, min_ratio, decay_frac))
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
