@@ -13,7 +13,8 @@ Independent in the reference (``--impl hf``): the models, their initialisation (
 MLM loss and the discriminator's BCE (transformers' heads and losses: BCE over every attended token, [CLS]/[SEP]
 included, as the paper's code), and the sampling (``torch.multinomial`` over the whole softmax). transformers' ELECTRA
 is post-LayerNorm only; run ours with ``model.norm=post`` for the architecture match and with the preset's norm for
-the job's curve (``--impl ours``: mlmlab's ``ElectraForPretraining`` through the same loop and metrics).
+the job's curve (``--impl ours``: mlmlab's ``ElectraForPretraining`` through the same loop and metrics). The masking is
+ELECTRA's (``mask=electra``: 15%, 85% [MASK] / 15% kept) unless a ``mask=`` override is given.
 
 Curves (every ``--eval-every`` steps and at the last): on the job's fixed validation masks (``eval.*``), with the
 generator's samples drawn from a fixed per-batch stream at the end temperature, the discriminator's recall on
@@ -68,10 +69,15 @@ def compose(overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    import mlmlab.config  # noqa: F401  (registers the config's resolvers)
+
     with initialize_config_dir(config_dir=str(REPO_ROOT / "mlmlab" / "conf"), version_base="1.3"):
-        # no job runs, so nothing is written under paths.output_dir (it only has to resolve without Hydra's run)
+        # no job runs, so nothing is written under paths.output_dir (it only has to resolve without Hydra's run).
+        # mask=electra unless a mask is given: a preset's mask (experiment=real_en*: 40%, 80/10/10) would win over the
+        # one objective=electra selects, as it does in a job (the sweeps say mask=electra for that reason)
+        mask = [] if any(o.lstrip("+~").startswith("mask=") for o in overrides) else ["mask=electra"]
         return hydra_compose(config_name="train", overrides=["objective=electra", "paths.output_dir=/tmp/electra_reference",
-                                                             *overrides])
+                                                             *overrides, *mask])
 
 
 def job_pieces(cfg):
