@@ -63,10 +63,16 @@ def check_job(cfg: DictConfig) -> None:
     fine-tune."""
     from hydra.core.hydra_config import HydraConfig
 
-    if HydraConfig.initialized() and HydraConfig.get().runtime.choices.get("downstream") == "none" \
-            and cfg.downstream.get("tasks"):
+    choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+    if choices.get("downstream") == "none" and cfg.downstream.get("tasks"):
         raise ConfigError(f"downstream=none was chosen, but a preset sets downstream.tasks={list(cfg.downstream.tasks)}"
                           " after it; for pretraining only use downstream.tasks=[]")
+    if choices.get("objective") == "electra" and choices.get("mask") != "electra" and choices.get("experiment") \
+            and not any(o.lstrip("+~").startswith("mask=") for o in HydraConfig.get().overrides.task):
+        # the preset's defaults come after the objective's, so its mask wins silently: ELECTRA at the preset's masking
+        raise ConfigError(f"objective=electra with experiment={choices['experiment']}: the preset's mask="
+                          f"{choices.get('mask')} replaces ELECTRA's; add mask=electra for ELECTRA's recipe "
+                          f"(15%, 85/15) or mask={choices.get('mask')} to keep the preset's")
     validate(cfg)
 
 

@@ -271,6 +271,16 @@ def test_electra_selects_its_mask_preset_unless_overridden(cfg_factory):
     assert cfg_factory("objective=mlm").mask.name == "bert"
 
 
+def test_a_presets_mask_replacing_electras_is_an_error_before_any_work(cache_dir):
+    """experiment=real_en* sets mask=wettig40 after objective=electra's mask=electra: a one-line error, not ELECTRA
+    silently trained at 40% 80/10/10 (mask=... on the command line says which is meant)."""
+    p = run_cli(["experiment=real_en_fast", "objective=electra", "paths.data_dir=/nonexistent"], cache_dir,
+                full_error=False)
+    assert p.returncode != 0
+    assert "objective=electra with experiment=real_en_fast: the preset's mask=wettig40 replaces ELECTRA's; add " \
+           "mask=electra" in p.stderr, p.stderr[-1500:]
+
+
 BAD = [
     (["objective=electra", "objective.generator_size=0"], "objective.generator_size=0.0 must be in (0, 1]"),
     (["objective=electra", "objective.generator_size=1.5"], "objective.generator_size=1.5 must be in (0, 1]"),
