@@ -163,6 +163,15 @@ def time_to_pay(payloads: dict | list[dict], summary: bool = False, recipes: dic
     return md(rows, head) + f"\n\nEach job pinned to one core with one torch thread ({cpus})."
 
 
+def _variant(p: dict) -> str:
+    """What a run changed from the ELECTRA defaults (generator 1/4 width, full depth, disc_weight 50)."""
+    o = p["objective"]
+    out = [f"generator {o['generator_size']:g}"] if o["generator_size"] != 0.25 else []
+    out += [f"{o['generator_layers']} generator layer(s)"] if o.get("generator_layers") else []
+    out += [f"disc_weight {o['disc_weight']:g}"] if o["disc_weight"] != 50 else []
+    return "".join(f", {x}" for x in out)
+
+
 def electra_reference(payloads: dict | list[dict], labels: list[str] | None = None,
                       steps: list[int] | None = None) -> str:
     """bench_electra_reference.py's curves side by side: for each run (``labels``, default its impl and norm) the
@@ -170,7 +179,8 @@ def electra_reference(payloads: dict | list[dict], labels: list[str] | None = No
     answering the base rate) on the fixed validation masks, at ``steps`` (default every evaluation), then the
     generator's MLM loss at the last step, the base rate and the run's seconds per step."""
     runs = payloads if isinstance(payloads, list) else [payloads]
-    labels = labels or [f"{p['impl']} ({p['norm']}-LN)" for p in runs]
+    labels = labels or [f"{ {'hf': 'transformers', 'ours': 'mlmlab'}[p['impl']]} ({p['norm']}-LN{_variant(p)})"
+                        for p in runs]
     curves = [{c["step"]: c["val"] for c in p["curve"]} for p in runs]
     at = steps or sorted(set().union(*curves))
     head = ["step"] + [f"{lab}: {what}" for lab in labels for what in ("recall", "BCE - H(base)")]
