@@ -291,7 +291,7 @@ def run(args) -> dict:
                       f"{v['disc_loss']:.4f} (base-rate entropy {v['base_rate_entropy']:.4f}) gen_loss "
                       f"{v['gen_mlm_loss']:.3f}", flush=True)
     return {"impl": args.impl, "steps": args.steps, "eval_every": args.eval_every, "overrides": args.overrides,
-            "precision": str(precision), "norm": c.model.norm, "objective": {
+            "precision": str(precision), "norm": "post" if args.impl == "hf" else c.model.norm, "objective": {
                 k: getattr(o, k) for k in ("generator_size", "generator_layers", "disc_weight", "temperature",
                                            "temperature_end", "sampling")},
             "parameters": sum(p.numel() for p in params), "train_s": train_s, "s_per_step": train_s / max(1, step),

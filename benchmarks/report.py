@@ -179,8 +179,9 @@ def electra_reference(payloads: dict | list[dict], labels: list[str] | None = No
     answering the base rate) on the fixed validation masks, at ``steps`` (default every evaluation), then the
     generator's MLM loss at the last step, the base rate and the run's seconds per step."""
     runs = payloads if isinstance(payloads, list) else [payloads]
-    labels = labels or [f"{ {'hf': 'transformers', 'ours': 'mlmlab'}[p['impl']]} ({p['norm']}-LN{_variant(p)})"
-                        for p in runs]
+    # transformers' ELECTRA is post-LN whatever model.norm says (earlier records wrote the config's norm)
+    labels = labels or [f"transformers (post-LN{_variant(p)})" if p["impl"] == "hf" else
+                        f"mlmlab ({p['norm']}-LN{_variant(p)})" for p in runs]
     curves = [{c["step"]: c["val"] for c in p["curve"]} for p in runs]
     at = steps or sorted(set().union(*curves))
     head = ["step"] + [f"{lab}: {what}" for lab in labels for what in ("recall", "BCE - H(base)")]
