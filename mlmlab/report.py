@@ -384,6 +384,20 @@ def _item_rows(label: str, t) -> list[list[str]]:
     return out
 
 
+def load_bench_module(root: Path, filename: str, name: str):
+    """A script of ``<root>/benchmarks`` (not a package) loaded as a module, with its folder importable meanwhile (the
+    scripts import their sibling ``_common``)."""
+    bench_dir = root / "benchmarks"
+    sys.path.insert(0, str(bench_dir))
+    try:
+        mod_spec = importlib.util.spec_from_file_location(name, bench_dir / filename)
+        mod = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(bench_dir))
+    return mod
+
+
 def _bench_table(spec: dict, root: Path) -> str:
     """One of ``benchmarks/report.py``'s tables (``bench: masking|step|data|e2e``) from ``benchmarks/results``, with the
     line saying where it was measured."""
@@ -392,13 +406,7 @@ def _bench_table(spec: dict, root: Path) -> str:
     known = ("masking", "step", "data", "e2e", "time_to_pay", "electra_reference")
     if name not in known:
         raise ReportError(f"bench: {name!r} is not known; allowed: {', '.join(known)}")
-    sys.path.insert(0, str(bench_dir))  # report.py imports its sibling _common
-    try:
-        mod_spec = importlib.util.spec_from_file_location("mlmlab_bench_report", bench_dir / "report.py")
-        mod = importlib.util.module_from_spec(mod_spec)
-        mod_spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(bench_dir))
+    mod = load_bench_module(root, "report.py", "mlmlab_bench_report")
     files = spec.get("files") or [spec.get("file", f"bench_{name}")]
     loaded = [mod.load(bench_dir / "results", f) for f in files]
     missing = [f for f, p in zip(files, loaded) if p is None]

@@ -353,19 +353,11 @@ def test_discriminator_beats_the_base_rate_at_temperature_1(cut, cfg_factory, tm
 # ------------------------------------------------- the reference implementation (benchmarks/bench_electra_reference.py)
 
 def _reference_bench():
-    import importlib.util
-    import sys
     from pathlib import Path
 
-    bench = Path(__file__).resolve().parents[1] / "benchmarks"
-    sys.path.insert(0, str(bench))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_electra_reference", bench / "bench_electra_reference.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(bench))
-    return mod
+    from mlmlab.report import load_bench_module
+
+    return load_bench_module(Path(__file__).resolve().parents[1], "bench_electra_reference.py", "bench_electra_reference")
 
 
 def test_reference_electra_shares_embeddings_as_the_paper():
