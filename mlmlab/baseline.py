@@ -16,16 +16,18 @@ LOADER_ONLY = ("batch_size", "val_batch_size", "num_workers", "num_proc", "max_v
 
 
 def random_init_baseline(p, data, cache_dir: str, trainer_kw: dict, tok, encoder_cfg: dict, ft: dict, record,
-                         seed: int) -> dict[str, float]:
+                         seed: int, start=None) -> dict[str, float]:
     """``downstream.random_init_baseline=true``: the same downstream protocol (``p``, a
     :class:`mlmlab.downstream.Protocol`: tasks, lr grid chosen on its own, seeds) on the encoder the pretraining started
-    from, untrained (the init of ``seed``, as ``objective=none`` gets it), with the job's Trainer arguments
-    (``trainer_kw``); cached (``paths.cache_dir``) under a key that holds the pretraining ``data.*``. Returns
-    ``random_init/<task>/...`` and the paired gains ``gain/<task>/...`` (mlmlab.downstream.paired_gain)."""
+    from, with the job's Trainer arguments (``trainer_kw``); cached (``paths.cache_dir``) under a key that holds the
+    pretraining ``data.*``. Without ``start`` that encoder is the untrained init of ``seed`` (as ``objective=none``
+    gets it): ``random_init/<task>/...`` and the paired gains ``gain/<task>/...`` (mlmlab.downstream.paired_gain).
+    With ``start`` (``init.*``, an :class:`mlmlab.init.Start`) it is the start itself ("no continued pretraining"):
+    ``start/<task>/...`` and ``gain/<task>/...`` over it, and the untrained init as well, ``random_init/<task>/...``
+    with ``gain_random_init/<task>/...``: both gains, each row computed once per sweep (cached)."""
     import torch
     from pytorch_lightning.utilities.seed import isolate_rng
 
-    from mlmlab.downstream import paired_gain, run_downstream, task_runs
     from mlmlab.models.encoder import BertForMLM, CausalLM, EncoderConfig
 
     with isolate_rng():
@@ -33,31 +35,51 @@ def random_init_baseline(p, data, cache_dir: str, trainer_kw: dict, tok, encoder
         c = EncoderConfig(**encoder_cfg)
         model = CausalLM(c) if c.causal else BertForMLM(c)
         state = {k: v.detach().clone() for k, v in model.bert.state_dict().items()}
+    if start is None:
+        return _baseline(p, data, cache_dir, trainer_kw, tok, encoder_cfg, ft, record, seed, state, model,
+                         ("random_init", "gain", "downstream_random_init"), None)
+    out = _baseline(p, data, cache_dir, trainer_kw, tok, encoder_cfg, ft, record, seed, start.encoder_state,
+                    start.model(), ("start", "gain", "downstream_start"), start.record["sha256"])
+    out.update(_baseline(p, data, cache_dir, trainer_kw, tok, encoder_cfg, ft, record, seed, state, model,
+                         ("random_init", "gain_random_init", "downstream_random_init"), None))
+    return out
+
+
+def _baseline(p, data, cache_dir: str, trainer_kw: dict, tok, encoder_cfg: dict, ft: dict, record, seed: int,
+              state: dict, model, names: tuple[str, str, str], start_sha: str | None) -> dict[str, float]:
+    """One baseline row (``names``: its metrics' prefix, its gains' prefix, its record key) of the encoder ``state``
+    (``model``: the whole LM, for zero-shot tasks)."""
+    from mlmlab.downstream import paired_gain, run_downstream, task_runs
+
+    rows, gains, rec_key = names
+
     def compute() -> tuple[dict, dict]:
         return run_downstream(p, tok, encoder_cfg, state, {**trainer_kw, "devices": 1}, lm=model)
 
-    with record.timer("finetune_random_init"):
+    with record.timer(f"finetune_{rows}"):
         if p.ds.reuse_random_init:
             base, report, reused = cached_random_init(p, data, cache_dir, trainer_kw["precision"], tok, encoder_cfg,
-                                                      seed, compute)
+                                                      seed, compute, start_sha)
             if reused:
                 report = {**report, "reused_from": reused}
-                log.info("random-init baseline: reused %s (same tokenizer, encoder, seed and protocol)", reused)
+                log.info("%s baseline: reused %s (same tokenizer, encoder, seed and protocol)", rows, reused)
         else:
             base, report = compute()
-    record.set(downstream_random_init=report)
+    record.set(**{rec_key: report})
     mains = {key: spec.main_metric for key, spec, _ in task_runs(p)}
     gain = paired_gain(ft, base, mains, list(p.ds.seeds)) if p.ds.protocol != "probe" else {}
     gain.update(zeroshot_gain(record.data.get("downstream") or {}, report))
-    log.info("random-init baseline: %s", {k: round(v, 4) for k, v in {**base, **gain}.items() if "seed_" not in k})
-    probe = {f"gain_probe/{k.split('/', 1)[1]}": ft[k] - base[k] for k in ft if k.startswith("probe/") and k in base}
-    renamed = {("random_init_probe/" if k.startswith("probe/") else "random_init/") + k.split("/", 1)[1]: v
+    gain = {gains + k[len("gain"):]: v for k, v in gain.items()}
+    log.info("%s baseline: %s", rows, {k: round(v, 4) for k, v in {**base, **gain}.items() if "seed_" not in k})
+    probe_gains = "gain_probe" + gains[len("gain"):]  # gain_probe/, gain_probe_random_init/
+    probe = {f"{probe_gains}/{k.split('/', 1)[1]}": ft[k] - base[k] for k in ft if k.startswith("probe/") and k in base}
+    renamed = {(f"{rows}_probe/" if k.startswith("probe/") else f"{rows}/") + k.split("/", 1)[1]: v
                for k, v in base.items()}
     return {**renamed, **gain, **probe}
 
 
 def cached_random_init(p, data, cache_dir: str, precision: str, tok, encoder_cfg: dict, seed: int,
-                       compute) -> tuple[dict, dict, str | None]:
+                       compute, start_sha: str | None = None) -> tuple[dict, dict, str | None]:
     """The random-init row once per sweep: its metrics and report (per-item predictions included) cached under a hash
     of everything it depends on -- the tokenizer, the encoder's shape, the init seed, the data config (built-in tasks
     are generated from it), the whole downstream protocol and its code's version, the precision and the CPU kind
@@ -80,6 +102,8 @@ def cached_random_init(p, data, cache_dir: str, precision: str, tok, encoder_cfg
            "data": {k: v for k, v in plain(data).items() if k not in LOADER_ONLY},
            "data_dir": str(p.src.root), "precision": precision,
            "protocol": PROTOCOL_VERSION, "cpu": cpu_kind()}  # the same job moves ~1 point between CPU kinds
+    if start_sha is not None:  # init.*: the start's row (its weights, not the init of `seed`)
+        key = {**key, "start_sha256": start_sha}
     built = False
 
     def build(tmp: Path) -> None:

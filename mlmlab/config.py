@@ -22,6 +22,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from mlmlab.data.cache import plain  # noqa: F401  (re-exported: a group as a plain dict; the cache keys use it)
 from mlmlab.errors import ConfigError  # noqa: F401  (re-exported: mlmlab.config.ConfigError)
+from mlmlab.init import InitConfig  # init.*: its owner, beside the loader
 from mlmlab.masking.config import MaskConfig, ReplaceConfig, check_rate  # mask.*: its owner, beside the masker
 from mlmlab.models.electra import SAMPLINGS
 from mlmlab.stats import Question  # analysis.*: the question a sweep declares (its owner: mlmlab.stats)
@@ -299,6 +300,7 @@ class TrainConfig:
     seed: int = 0
     skip_completed: bool = False  # re-running a sweep: jobs with a complete results.json of the same config are skipped
     resume: str | None = None  # a run dir (its checkpoints/last.ckpt) or a .ckpt path: continue that pretraining exactly
+    init: InitConfig = field(default_factory=InitConfig)  # start from an encoder (continued pretraining): mlmlab.init
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -596,6 +598,9 @@ def validate(cfg: DictConfig) -> None:
     _check(isinstance(cfg.seed, int) and 0 <= cfg.seed < 2**32,
            f"seed={cfg.seed} must be an integer in [0, 2**32 - 1] (numpy's and torch's seed range)")
     validate_objective(cfg.objective, cfg.model)
+    from mlmlab import init as init_
+
+    init_.check(cfg.get("init"))
     validate_mask(cfg.mask)
     validate_analysis(cfg.get("analysis"))
     sampler = cfg.mask.sampler

@@ -73,12 +73,20 @@ def check_job(cfg: DictConfig) -> None:
         raise ConfigError(f"objective=electra with experiment={choices['experiment']}: the preset's mask="
                           f"{choices.get('mask')} replaces ELECTRA's; add mask=electra for ELECTRA's recipe "
                           f"(15%, 85/15) or mask={choices.get('mask')} to keep the preset's")
+    init = cfg.get("init")
+    if init is not None and init.checkpoint is not None:  # its shape and tokenizer, checked before any data work
+        from mlmlab import init as init_
+
+        init_.check(init)
+        start = init_.resolve(init, cfg.paths.cache_dir, cfg.paths.get("data_dir"))
+        init_.adopt(cfg, start, list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else [])
     validate(cfg)
 
 
 def _run(cfg: DictConfig, job: Job) -> dict[str, float]:
     """The pretraining job, stage by stage: ``cfg`` is made typed once (``c``: ``TrainConfig``) and each stage takes the
     groups it uses."""
+    start = init_start(cfg, job)
     c, record, out_dir = typed(cfg), job.record, job.out_dir
     # (resume: the data module's ResumableSampler position travels in the checkpoint, mlmlab.guard)
     for noise in (".*does not have many workers.*", ".*exists and is not empty.*", ".*your dataloader is not resumable.*"):
@@ -87,7 +95,7 @@ def _run(cfg: DictConfig, job: Job) -> dict[str, float]:
 
     objective, proto = c.objective.name, Protocol.of(c.paths, c.data, c.downstream)
     with record.timer("data"):
-        data = prepare_data(proto, c.data, c.tokenizer, c.paths, c.eval.per_source)
+        data = prepare_data(proto, c.data, c.tokenizer, c.paths, c.eval.per_source, start.tok if start else None)
         masking = build_masking_plan(build_recipe(c.mask, data.ctx, data.train_blocks), c.eval, data)
         dm = datamodule(c.data, c.seed, data, masking.val)
     cost = step_cost(c.trainer, c.data, c.model, c.objective, c.mask, data.vocab_size, masking.schedule,
@@ -103,6 +111,10 @@ def _run(cfg: DictConfig, job: Job) -> dict[str, float]:
     plan = calibrate_budget(c.trainer, c.resume, lambda: calibrate_seconds(c.trainer, c.data, make, dm), cost, record,
                             plan)
     module = make(max_steps=max(1, plan.max_steps))
+    if start is not None:
+        from mlmlab.init import load_into
+
+        load_into(module, start, objective)
     record.set(model=model_record(module, encoder_cfg), precision=trainer_kw["precision"])
     w = c.logger.wandb
     curve = eval_curve(c.eval.zeroshot_every_n_steps, c.eval.zeroshot_n_per_paradigm, proto, data.tok, encoder_cfg,
@@ -120,18 +132,41 @@ def _run(cfg: DictConfig, job: Job) -> dict[str, float]:
     if not p.trainer.is_global_zero:
         return metrics
     metrics.update(downstream(proto, job, data, encoder_cfg, module, trainer_kw, w))
-    if proto.ds.random_init_baseline and proto.ds.tasks:
+    if proto.ds.random_init_baseline and proto.ds.tasks:  # with init.*: the start (gain/) and random init (gain_init/)
         metrics.update(random_init_baseline(proto, c.data, c.paths.cache_dir, trainer_kw, data.tok, encoder_cfg,
-                                            metrics, record, c.seed))
+                                            metrics, record, c.seed, start=start))
     save_predictions(out_dir, record)
     log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})
     return metrics
 
 
-def prepare_data(proto: Protocol, d, t, paths, per_source: bool) -> Data:
+def init_start(cfg: DictConfig, job: Job):
+    """``init.*``: the encoder this job starts from (mlmlab.init.Start; None: random init), recorded in results.json.
+    ``init.pretrain`` makes it now (once per cache) and its shape and tokenizer are then adopted and checked, as
+    ``init.checkpoint``'s were in :func:`check_job`."""
+    from mlmlab import init as init_
+
+    if not init_.is_set(cfg.get("init")):
+        return None
+    with job.record.timer("init"):
+        start = init_.resolve(cfg.init, cfg.paths.cache_dir, cfg.paths.get("data_dir"))
+    if cfg.init.pretrain:
+        init_.adopt(cfg, start, job.info.get("overrides"))
+        validate(cfg)
+        from mlmlab.config import to_container
+
+        job.config = to_container(cfg)
+        job.record.set(config=job.config)
+    job.record.set(init=start.record)
+    log.info("init: starting from %s", start.record)
+    return start
+
+
+def prepare_data(proto: Protocol, d, t, paths, per_source: bool, tok=None) -> Data:
     """Stage 1: every downstream task loaded (and checked) first -- a bad file or an unreachable hub fails before the
     corpus is tokenized -- then the tokenizer and the packed blocks of ``data.*`` / ``tokenizer.*`` (``d``, ``t``;
-    cached under ``paths.cache_dir``), the sampler context and (``eval.per_source``) each mixture source's blocks."""
+    cached under ``paths.cache_dir``), the sampler context and (``eval.per_source``) each mixture source's blocks.
+    ``tok``: the start's tokenizer (``init.*``) instead of one trained on the corpus."""
     from mlmlab.data.corpus import block_stats, get_blocks, source_val_blocks
     from mlmlab.data.vocab_stats import make_sampler_context
     from mlmlab.downstream import check_label_budgets
@@ -140,7 +175,7 @@ def prepare_data(proto: Protocol, d, t, paths, per_source: bool) -> Data:
         proto.tasks[name].load(proto.src)
     check_label_budgets(proto)
     packing: dict = {}
-    tok, blocks = get_blocks(d, t, paths.cache_dir, packing)
+    tok, blocks = get_blocks(d, t, paths.cache_dir, packing, tok)
     train_blocks = blocks["train"]
     n_train = len(train_blocks["input_ids"])
     if n_train < d.batch_size:

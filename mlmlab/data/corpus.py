@@ -276,10 +276,16 @@ def source_val_blocks(d: DataConfig, t: TokenizerConfig, cache_dir: str | None, 
     return out
 
 
-def tokenizer_key(d: DataConfig, t: TokenizerConfig) -> dict:
+def tokenizer_key(d: DataConfig, t: TokenizerConfig, given=None) -> dict:
     """What identifies a trained tokenizer. The word segmenter is left out: it changes word ids, not the vocabulary,
     so runs with and without segmentation share one tokenizer (and the blocks key adds it back). ``d``, ``t``:
-    ``data.*``, ``tokenizer.*``."""
+    ``data.*``, ``tokenizer.*``. ``given``: a tokenizer that was not trained on this corpus (``init.*``: the start's),
+    identified by its content."""
+    if given is not None:
+        import hashlib
+
+        return {"corpus": corpus_key(d), "tokenizer_sha": hashlib.sha256(given.to_str().encode()).hexdigest(),
+                "trainer": "given"}
     tk = {k: v for k, v in plain(t).items() if k != "word_segmenter"}
     return {"corpus": corpus_key(d), "tokenizer": tk, "trainer": 2}  # 2: deterministic (train_wordpiece)
 
@@ -414,14 +420,15 @@ def _tokenize_batch(batch: dict, tok, segmenter: str) -> dict:
             "length": [len(i) for i in ids]}
 
 
-def tokenized_corpus(d: DataConfig, t: TokenizerConfig, cache_dir: str, tok, split: str, docs) -> object:
+def tokenized_corpus(d: DataConfig, t: TokenizerConfig, cache_dir: str, tok, split: str, docs,
+                     given: bool = False) -> object:
     """The token ids and word ids of one split's documents: ``datasets.map(batched=True, num_proc=data.num_proc)``
     over the Arrow documents, saved under ``<cache_dir>/tokens/<hash>/`` (the hash of corpus, tokenizer, segmenter and
     split) and memory-mapped from there, so a sweep tokenizes once and changing ``data.max_seq_len`` only re-packs."""
     import datasets
 
     segmenter = t.word_segmenter
-    key = {**tokenizer_key(d, t), "split": split, "word_segmenter": segmenter, "version": 1}
+    key = {**tokenizer_key(d, t, tok if given else None), "split": split, "word_segmenter": segmenter, "version": 1}
 
     def build(tmp: Path) -> None:
         ds = docs()[split]
@@ -496,10 +503,12 @@ def block_stats(blocks: dict[str, torch.Tensor]) -> dict[str, float | int]:
 
 
 def get_blocks(d: DataConfig, t: TokenizerConfig, cache_dir: str,
-               report: dict | None = None) -> tuple[object, dict[str, dict[str, torch.Tensor]]]:
+               report: dict | None = None, tok=None) -> tuple[object, dict[str, dict[str, torch.Tensor]]]:
     """The tokenizer and the packed blocks of both splits of ``data.*`` (``d``) with ``tokenizer.*`` (``t``), from the
     cache (``paths.cache_dir``) when the same settings made them before. ``report``: filled with each split's packing
-    statistics (documents, long documents spread over several blocks)."""
+    statistics (documents, long documents spread over several blocks). ``tok``: a given tokenizer (``init.*``: the
+    start's) instead of one trained on the corpus."""
+    given = tok
     docs: dict = {}
 
     def lazy_docs() -> dict:
@@ -513,9 +522,10 @@ def get_blocks(d: DataConfig, t: TokenizerConfig, cache_dir: str,
 
         train_wordpiece(texts, t.vocab_size, t.lowercase, t.min_frequency).save(str(tmp))
 
-    tok = load_tokenizer(cached_file(cache_dir, "tokenizer", tokenizer_key(d, t), "tokenizer.json", build_tok))
+    if given is None:
+        tok = load_tokenizer(cached_file(cache_dir, "tokenizer", tokenizer_key(d, t), "tokenizer.json", build_tok))
     got, asked = tok.get_vocab_size(), t.vocab_size
-    if got != asked:  # recorded as data.vocab_size in results.json; said here so that nobody reads the wrong number
+    if got != asked and given is None:  # recorded as data.vocab_size in results.json; said here so that nobody reads the wrong number
         why = ("every character of the corpus is kept as a token (WordPiece's alphabet), more than the size asked for"
                if got > asked else f"the corpus has no more pieces seen >= {t.min_frequency} times")
         log.warning("tokenizer.vocab_size=%d asked, the tokenizer has %d tokens: %s", asked, got, why)
@@ -523,13 +533,13 @@ def get_blocks(d: DataConfig, t: TokenizerConfig, cache_dir: str,
     segmenter = t.word_segmenter
     out = {}
     for split in ("train", "validation"):
-        key = {**tokenizer_key(d, t), "max_seq_len": d.max_seq_len, "packing": 2, "split": split}
+        key = {**tokenizer_key(d, t, given), "max_seq_len": d.max_seq_len, "packing": 2, "split": split}
         if segmenter != "none":
             key["word_segmenter"] = segmenter
 
         def build(tmp: Path, split=split) -> None:
             src = d.hub if uses_hub(d) else (d.path or d.name)
-            pack_dataset(tokenized_corpus(d, t, cache_dir, tok, split, lazy_docs), d.max_seq_len, tmp,
+            pack_dataset(tokenized_corpus(d, t, cache_dir, tok, split, lazy_docs, given is not None), d.max_seq_len, tmp,
                          f"the {split} split of data={d.name} ({src})")
 
         where = cached_file(cache_dir, "blocks", key, "blocks", build)

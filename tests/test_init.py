@@ -1,0 +1,104 @@
+"""``init.*``: continued pretraining from an mlmlab checkpoint or a transformers directory (mlmlab.init)."""
+
+import json
+
+import pytest
+import torch
+from conftest import FAST, make_cfg, run_cli
+
+from mlmlab.config import ConfigError
+from mlmlab.export import export
+from mlmlab.init import locate, read
+from mlmlab.train import train
+
+
+@pytest.fixture(scope="module")
+def start(tmp_path_factory, cache_dir):
+    """A tiny pretrained MLM (post-LN) and a pre-LN one, each with its export."""
+    out = {}
+    for norm in ("post", "pre"):
+        run = tmp_path_factory.mktemp(f"start_{norm}")
+        cfg = make_cfg([*FAST, f"model.norm={norm}", "logger=none", "downstream.tasks=[]"], run, cache_dir)
+        metrics = train(cfg)
+        hf = run / "hf"
+        export(str(run / "checkpoints" / "last.ckpt"), str(hf))
+        out[norm] = (run, hf, metrics)
+    return out
+
+
+def _logits(s, ids):
+    return s.model()(ids, torch.ones_like(ids, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_export_then_init_gives_the_same_model(start, norm):
+    run, hf, _ = start[norm]
+    a, b = read(*locate(str(run))), read(*locate(str(hf)))
+    assert a.record["kind"] == "mlmlab" and b.record["kind"] == "hf" and len(a.record["sha256"]) == 64
+    assert {k: v for k, v in a.encoder_cfg.items() if k not in ("dropout", "attention_dropout")} == \
+        {k: v for k, v in b.encoder_cfg.items() if k not in ("dropout", "attention_dropout")}
+    assert a.tok.to_str() != "" and a.tok.encode("the cat").ids == b.tok.encode("the cat").ids  # no [CLS]/[SEP] added
+    ids = torch.randint(5, a.encoder_cfg["vocab_size"], (3, 17))
+    torch.testing.assert_close(_logits(a, ids), _logits(b, ids), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("source", ["ckpt", "hf"])
+def test_a_job_started_from_a_checkpoint_is_that_encoder(start, source, tmp_path, cache_dir):
+    """objective=none from the start: the fixed-mask loss is the start's own final one (same tokenizer, shape, weights,
+    head); the shape comes from the checkpoint and the record names it."""
+    run, hf, pre = start["post"]
+    src = run / "checkpoints" / "last.ckpt" if source == "ckpt" else hf
+    cfg = make_cfg([*FAST, "objective=none", f"init.checkpoint={src}", "logger=none", "downstream.tasks=[]",
+                    "model=small"], tmp_path / "none", cache_dir)  # model=small: replaced by the start's shape
+    m = train(cfg)
+    assert m["val/mlm_loss_r15"] == pytest.approx(pre["val/mlm_loss_r15"], abs=2e-4)
+    rec = json.loads((tmp_path / "none" / "results.json").read_text())
+    assert rec["init"]["kind"] == ("mlmlab" if source == "ckpt" else "hf") and len(rec["init"]["sha256"]) == 64
+    assert rec["config"]["model"]["hidden_size"] == json.loads((run / "results.json").read_text())["config"]["model"][
+        "hidden_size"]
+
+
+def test_continued_pretraining_of_every_objective_and_both_gains(start, tmp_path, cache_dir):
+    run, _, pre = start["post"]
+    for obj in ("mlm", "electra"):
+        cfg = make_cfg([*FAST, f"objective={obj}", f"init.checkpoint={run}", "logger=none", "trainer.max_steps=10",
+                        "downstream.random_init_baseline=true", "downstream.tasks=[builtin_sentiment]"],
+                       tmp_path / obj, cache_dir)
+        m = train(cfg)
+        for k in ("start/builtin_sentiment/acc", "gain/builtin_sentiment/acc", "random_init/builtin_sentiment/acc",
+                  "gain_random_init/builtin_sentiment/acc"):
+            assert k in m, (obj, k)
+        assert m["gain/builtin_sentiment/acc"] == pytest.approx(
+            m["downstream/builtin_sentiment/acc"] - m["start/builtin_sentiment/acc"])
+    # MLM: 10 more steps from the start stay near its loss (a random init of the tiny model sits near log V)
+    assert abs(json.loads((tmp_path / "mlm" / "results.json").read_text())["metrics"]["val/mlm_loss_r15"]
+               - pre["val/mlm_loss_r15"]) < 0.3
+
+
+def test_bad_starts_are_one_line_errors_before_data_work(start, tmp_path, cache_dir):
+    run, _, _ = start["post"]
+    for args, msg in (
+        ([f"init.checkpoint={tmp_path}/nope.ckpt"], "does not exist"),
+        ([f"init.checkpoint={run}", "model.hidden_size=48"], "model.hidden_size=48 contradicts the start"),
+        ([f"init.checkpoint={run}", "tokenizer.vocab_size=1024"], "tokenizer.vocab_size=1024 contradicts the start"),
+        ([f"init.checkpoint={run}", "init.pretrain=['seed=1']"], "set init.checkpoint or init.pretrain, not both"),
+        ([f"init.checkpoint={tmp_path}"], "neither checkpoints/last.ckpt"),
+    ):
+        p = run_cli([*FAST, *args, f"hydra.run.dir={tmp_path / 'x'}"], cache_dir, full_error=False)
+        err = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and msg in err[-1], (args, p.stderr[-600:])
+        assert "Traceback" not in p.stderr and not (tmp_path / "x" / "checkpoints").exists()
+
+
+def test_init_pretrain_makes_the_start_once(tmp_path, cache_dir):
+    over = "init.pretrain=['debug=fast','trainer.max_steps=6','seed=3']"
+    out = []
+    for i in range(2):
+        cfg = make_cfg([*FAST, over, "logger=none", "downstream.tasks=[]", "trainer.max_steps=4"], tmp_path / f"r{i}",
+                       cache_dir)
+        train(cfg)
+        out.append(json.loads((tmp_path / f"r{i}" / "results.json").read_text()))
+    assert out[0]["init"]["sha256"] == out[1]["init"]["sha256"] and out[0]["init"]["cache_key"]
+    assert out[1]["timings_s"]["init"] < out[0]["timings_s"]["init"]  # the second job reads the cached start
+    with pytest.raises(ConfigError, match="init.pretrain"):
+        train(make_cfg([*FAST, "init.pretrain=[nokey]", "logger=none"], tmp_path / "bad", cache_dir))
