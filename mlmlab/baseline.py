@@ -102,8 +102,8 @@ def cached_random_init(p, data, cache_dir: str, precision: str, tok, encoder_cfg
            "data": {k: v for k, v in plain(data).items() if k not in LOADER_ONLY},
            "data_dir": str(p.src.root), "precision": precision,
            "protocol": PROTOCOL_VERSION, "cpu": cpu_kind()}  # the same job moves ~1 point between CPU kinds
-    if start_sha is not None:  # init.*: the start's row (its weights, not the init of `seed`)
-        key = {**key, "start_sha256": start_sha}
+    if start_sha is not None:  # init.*: the start's row -- its weights, the same whatever this job's seed
+        key = {**{k: v for k, v in key.items() if k != "seed"}, "start_sha256": start_sha}
     built = False
 
     def build(tmp: Path) -> None:

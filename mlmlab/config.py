@@ -604,7 +604,7 @@ def validate(cfg: DictConfig) -> None:
     validate_mask(cfg.mask)
     validate_analysis(cfg.get("analysis"))
     sampler = cfg.mask.sampler
-    for key in ("word_list", "corpus"):  # the domain sampler's files: found now, not after tokenizing the corpus
+    for key in ("word_list", "corpus", "reference"):  # the domain sampler's files: found now, not after tokenizing
         if isinstance(sampler, DictConfig) and sampler.get(key) is not None:
             from mlmlab.data.vocab_stats import find_data_path
 

@@ -193,13 +193,16 @@ class DomainSampler(DiscreteSampler):
       ``r(i) = (c_dom(i) / N_dom) / ((c_gen(i) + 1) / (N_gen + V))`` (add-one smoothed; N and V count the non-special
       ids) over the non-special ids with ``c_dom(i) >= min_count``: ``D = {i: r(i) > threshold}``, or the ``top_k``
       ids by ``r`` when ``top_k`` is set. ``threshold``/``top_k``/``min_count`` are ignored for a word list.
+      ``reference``: the general corpus ``c_gen`` counts (a text corpus; null: the training corpus). Continued
+      pretraining on the domain corpus itself (``experiment=dapt_finance``) needs it: there the training corpus *is*
+      the domain corpus, so nothing would be over-represented relative to it.
     """
 
     name = "domain"
 
     def __init__(self, ctx: SamplerContext, word_list: str | None = None, corpus: str | None = None,
                  threshold: float = 4.0, top_k: int | None = None, min_count: int = 5, mix: float = 1.0,
-                 exclude_original: bool = False):
+                 exclude_original: bool = False, reference: str | None = None):
         mix = float(mix)
         if not 0.0 <= mix <= 1.0:
             raise ValueError(f"mask.sampler.mix={mix:g} must be in [0, 1] (share of draws from the domain vocabulary)")
@@ -220,7 +223,7 @@ class DomainSampler(DiscreteSampler):
                 raise ValueError(f"mask.sampler.threshold={threshold} must be >= 0 (a ratio of relative frequencies)")
             if int(min_count) < 1:
                 raise ValueError(f"mask.sampler.min_count={min_count} must be >= 1")
-            ids = self._from_corpus(ctx, str(corpus), usable, float(threshold), top_k, int(min_count))
+            ids = self._from_corpus(ctx, str(corpus), usable, float(threshold), top_k, int(min_count), reference)
         self.domain_ids = ids
         in_d = torch.zeros(ctx.vocab_size, dtype=torch.float64)
         in_d[ids] = 1.0
@@ -249,11 +252,15 @@ class DomainSampler(DiscreteSampler):
         return torch.tensor(sorted(d), dtype=torch.long)
 
     def _from_corpus(self, ctx: SamplerContext, path: str, usable: torch.Tensor, threshold: float,
-                     top_k: int | None, min_count: int) -> torch.Tensor:
+                     top_k: int | None, min_count: int, reference: str | None = None) -> torch.Tensor:
         dom_fn = ctx.need("corpus_counts", self.name, "corpus_counts (to count mask.sampler.corpus)")
-        gen_fn = ctx.need("token_counts", self.name, "the training corpus's token counts (to compare with)")
         c_dom = _counts(_call(dom_fn, path, "mask.sampler.corpus"), ctx, f"mask.sampler.corpus={path} counts").double()
-        c_gen = _counts(gen_fn(), ctx, "the training corpus's token counts").double()
+        if reference is None:
+            gen_fn = ctx.need("token_counts", self.name, "the training corpus's token counts (to compare with)")
+            c_gen = _counts(gen_fn(), ctx, "the training corpus's token counts").double()
+        else:
+            c_gen = _counts(_call(lambda p: dom_fn(p, "mask.sampler.reference"), str(reference),
+                                  "mask.sampler.reference"), ctx, f"mask.sampler.reference={reference} counts").double()
         allowed = ctx.allowed()
         n_dom, n_gen = c_dom[allowed].sum(), c_gen[allowed].sum()
         if n_dom <= 0:
