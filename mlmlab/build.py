@@ -37,10 +37,13 @@ def build_recipe(mask, ctx, train_blocks: dict | None = None):
     from mlmlab.data.tokenizer import MASK
     from mlmlab.masking import MaskingRecipe
 
+    from mlmlab.masking.selection import build_weights
+
     mask = mask_config(mask)
     sampler = build_sampler(mask, ctx, train_blocks) if train_blocks is not None else instantiate_sampler(mask, ctx)
     try:
-        return MaskingRecipe.from_config(mask, MASK, ctx.special_ids, sampler, build_schedule(mask))
+        weights = build_weights(mask.select, ctx)
+        return MaskingRecipe.from_config(mask, MASK, ctx.special_ids, sampler, build_schedule(mask), weights)
     except ValueError as err:
         raise ConfigError(str(err)) from err
 
@@ -70,7 +73,7 @@ def build_sampler(mask, ctx, train_blocks: dict):
     """The run's replacement sampler, with data-dependent checks of mask.*; raises ConfigError before training."""
     from mlmlab.data.corpus import iter_rows
 
-    if mask.unit in ("word", "span"):
+    if mask.unit in ("word", "span", "pmi"):
         w = train_blocks.get("word_ids")
         if w is None or not any(bool((c >= 0).any()) for c in iter_rows(w)):
             raise ConfigError(f"mask.unit={mask.unit} needs word ids, but the tokenized corpus has none; "

@@ -602,6 +602,16 @@ def validate(cfg: DictConfig) -> None:
 
     init_.check(cfg.get("init"))
     validate_mask(cfg.mask)
+    sel = cfg.mask.get("select")
+    if sel is not None:
+        _check(sel.weight != "loss" or cfg.objective.name == "mlm",
+               f"mask.select.weight=loss reads the MLM loss of the model being trained: objective=mlm only "
+               f"(objective={cfg.objective.name}); allowed here: uniform, idf, domain")
+        for key in ("corpus", "reference"):  # found now, not after tokenizing the corpus
+            if sel.get(key) is not None:
+                from mlmlab.data.vocab_stats import find_data_path
+
+                find_data_path(str(sel.get(key)), cfg.paths.get("data_dir"), f"mask.select.{key}")
     validate_analysis(cfg.get("analysis"))
     sampler = cfg.mask.sampler
     for key in ("word_list", "corpus", "reference"):  # the domain sampler's files: found now, not after tokenizing

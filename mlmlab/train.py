@@ -96,6 +96,12 @@ def _run(cfg: DictConfig, job: Job) -> dict[str, float]:
     objective, proto = c.objective.name, Protocol.of(c.paths, c.data, c.downstream)
     with record.timer("data"):
         data = prepare_data(proto, c.data, c.tokenizer, c.paths, c.eval.per_source, start.tok if start else None)
+        if c.mask.unit == "pmi":  # high-PMI n-grams as one unit: the training blocks' word ids merged (cached)
+            from mlmlab.data.pmi import cached_pmi_units
+
+            data.train_blocks, report = cached_pmi_units(c.data, c.tokenizer, c.paths.cache_dir, data.tok,
+                                                         data.train_blocks, c.mask.pmi)
+            record.set(pmi_units=report)
         masking = build_masking_plan(build_recipe(c.mask, data.ctx, data.train_blocks), c.eval, data)
         dm = datamodule(c.data, c.seed, data, masking.val)
     cost = step_cost(c.trainer, c.data, c.model, c.objective, c.mask, data.vocab_size, masking.schedule,

@@ -10,7 +10,8 @@ from mlmlab import pretrain_job as train
 from mlmlab.config import ConfigError, validate
 
 DATA_DIR_PRESETS = ({f"data={n}" for n in ("imdb", "wikitext2", "zh", "finance", "medical", "finance_mix", "medical_mix")}
-                    | {f"experiment={n}" for n in ("real_en", "real_finance", "real_zh", "real_medical")}
+                    | {f"experiment={n}" for n in ("real_en", "real_finance", "real_zh", "real_medical", "dapt_finance",
+                                                 "dapt_medical")}
                     | {"mask/sampler=domain_finance", "mask/sampler=domain_medical"})  # its corpus file is checked at validation
 
 

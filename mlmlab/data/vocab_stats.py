@@ -76,6 +76,16 @@ def block_token_counts(blocks: dict[str, torch.Tensor], vocab_size: int) -> torc
     return total
 
 
+def block_doc_freq(blocks: dict[str, torch.Tensor], vocab_size: int, chunk: int = 4096) -> torch.Tensor:
+    """int64 [vocab_size]: in how many blocks each id occurs at a non-special position."""
+    total = torch.zeros(vocab_size, dtype=torch.int64)
+    for x, sp in zip(iter_rows(blocks["input_ids"], chunk), iter_rows(blocks["special_tokens_mask"], chunk)):
+        ids = x.long().masked_fill(sp.bool(), vocab_size)  # specials to an extra column, dropped
+        seen = torch.zeros((len(ids), vocab_size + 1), dtype=torch.bool).scatter_(1, ids, True)
+        total += seen[:, :vocab_size].sum(0)
+    return total
+
+
 def _bincount(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return torch.bincount(ids.flatten(), minlength=vocab_size)[:vocab_size].long()
 
@@ -119,6 +129,16 @@ def make_sampler_context(d: DataConfig, t: TokenizerConfig, paths: PathsConfig, 
             memo["train"] = _cached_counts(cache_dir, "token_counts", key, lambda: block_token_counts(train, vocab_size))
         return memo["train"]
 
+    def doc_freq() -> tuple[torch.Tensor, int]:
+        """How many training blocks hold each id (a block stands for a document), and the number of blocks."""
+        if "df" not in memo:
+            train = blocks["train"]
+            key = {**tokenizer_key(d, t), "max_seq_len": d.max_seq_len, "split": "train",
+                   "blocks_shape": list(train["input_ids"].shape), "tokenizer_sha": _tokenizer_hash(tok),
+                   "version": COUNTS_VERSION}
+            memo["df"] = _cached_counts(cache_dir, "doc_freq", key, lambda: block_doc_freq(train, vocab_size))
+        return memo["df"], len(blocks["train"]["input_ids"])
+
     def corpus_counts(path: str, key: str = "mask.sampler.corpus") -> torch.Tensor:
         p = str(find_data_path(path, data_dir, key))
         files = text_files(p, key)
@@ -138,4 +158,5 @@ def make_sampler_context(d: DataConfig, t: TokenizerConfig, paths: PathsConfig, 
         corpus_counts=corpus_counts,
         read_lines=lambda path, key="mask.sampler.word_list": read_lines(path, data_dir, key),
         unk_id=tok.token_to_id(SPECIAL_TOKENS[UNK]),
+        doc_freq=doc_freq,
     )

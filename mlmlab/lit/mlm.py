@@ -42,10 +42,14 @@ class MLMModule(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["mlmlab_telemetry"] = {"sums": dict(self.telemetry_sums), "batches": self.telemetry_batches}
+        if hasattr(self.masker.weights, "state"):  # mask.select.weight=loss: the running per-type losses
+            checkpoint["mlmlab_select"] = self.masker.weights.state()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         t = checkpoint.get("mlmlab_telemetry") or {}
         self.telemetry_sums, self.telemetry_batches = dict(t.get("sums", {})), int(t.get("batches", 0))
+        if "mlmlab_select" in checkpoint and hasattr(self.masker.weights, "load"):
+            self.masker.weights.load(checkpoint["mlmlab_select"])
 
     def build_model(self, c: EncoderConfig):
         return BertForMLM(c)
@@ -79,6 +83,9 @@ class MLMModule(pl.LightningModule):
         with torch.no_grad():
             acc = (logits.argmax(-1) == targets).float().mean() if targets.numel() else loss.new_zeros(())
             stats = {f"train/{k}": v for k, v in telemetry(ids, special, out).items()}
+            if hasattr(self.masker.weights, "update"):  # mask.select.weight=loss: this step's per-type losses
+                self.masker.weights.update(targets, torch.nn.functional.cross_entropy(logits.float(), targets,
+                                                                                      reduction="none"))
         self.log("train/mlm_loss", loss, prog_bar=True)
         self.log("train/mlm_acc", acc)
         self.log("train/mask_rate", float(rate), prog_bar=True)

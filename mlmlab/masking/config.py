@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-UNITS = ("token", "word", "span")
+UNITS = ("token", "word", "span", "pmi")
+SELECT_WEIGHTS = ("uniform", "idf", "domain", "loss")
 COUNT_RULES = ("bernoulli", "exact", "prob_round")
 
 
@@ -58,6 +59,53 @@ class SpanConfig:
                              "1 <= min_len <= max_len")
 
 
+@dataclass
+class SelectConfig:
+    """Which units are selected: uniformly (BERT), or each with a probability proportional to a weight of its tokens'
+    types, rescaled so that the expected rate is still ``mask.rate`` (capped at 1 per unit; mlmlab.masking.selection)."""
+    weight: str = _f("uniform", "uniform | idf (inverse block frequency in the training corpus) | domain (how much more "
+                                "frequent in the domain corpus than in the reference) | loss (a running per-type "
+                                "estimate of the model's own MLM loss: adaptive masking)")
+    corpus: str | None = _f(None, "weight=domain: the domain corpus (a text file or folder; null: the training corpus)")
+    reference: str | None = _f(None, "weight=domain: the reference (general) corpus (null: the training corpus)")
+    smoothing: float = _f(1.0, "weight=domain: add-k smoothing of both corpora's counts")
+    power: float = _f(1.0, "weights are raised to this power (0: uniform; > 1 sharper)")
+    decay: float = _f(0.99, "weight=loss: per-update decay of a type's running loss (its new batch mean weighs 1 - decay)")
+
+    def check(self, key: str, unit: str) -> None:
+        if self.weight not in SELECT_WEIGHTS:
+            raise ValueError(f"{key}.weight={self.weight!r} is not known; allowed: {', '.join(SELECT_WEIGHTS)}")
+        if self.weight == "domain" and self.corpus is None and self.reference is None:
+            raise ValueError(f"{key}.weight=domain compares a domain corpus with a reference corpus: set {key}.corpus "
+                             f"(the domain; training corpus = reference) or {key}.reference (the general corpus; "
+                             "training corpus = domain), or both")
+        if self.weight != "uniform" and unit == "span":
+            raise ValueError(f"{key}.weight={self.weight} with mask.unit=span is not supported; allowed units: token, "
+                             "word, pmi")
+        if not (self.smoothing > 0 and math.isfinite(self.smoothing)):
+            raise ValueError(f"{key}.smoothing={self.smoothing} must be > 0")
+        if not (self.power >= 0 and math.isfinite(self.power)):
+            raise ValueError(f"{key}.power={self.power} must be >= 0")
+        if not 0 < self.decay < 1:
+            raise ValueError(f"{key}.decay={self.decay} must be in (0, 1)")
+
+
+@dataclass
+class PMIConfig:
+    """``mask.unit=pmi`` (Levine et al. 2021): word n-grams whose PMI in the training corpus is high are one unit."""
+    max_n: int = _f(5, "longest n-gram, in words (2..max_n)")
+    min_count: int = _f(5, "n-grams seen fewer times are never units")
+    top_k: int = _f(20000, "the n-grams with the highest PMI (at least min_count occurrences) that become units")
+
+    def check(self, key: str) -> None:
+        if not 2 <= self.max_n <= 5:
+            raise ValueError(f"{key}.max_n={self.max_n} must be in 2..5")
+        if self.min_count < 1:
+            raise ValueError(f"{key}.min_count={self.min_count} must be >= 1")
+        if self.top_k < 1:
+            raise ValueError(f"{key}.top_k={self.top_k} must be >= 1")
+
+
 def check_rate(key: str, rate: float) -> None:
     if not 0.0 < rate < 1.0:
         raise ValueError(f"{key}={rate} must be in the open interval (0, 1)")
@@ -71,8 +119,11 @@ class MaskConfig:
     predict_rate: float | None = _f(None, "Wettig et al.'s prediction rate, apart from corruption; null = mask.rate")
     count: str = _f("bernoulli", "units per sequence: bernoulli (independent) | exact | prob_round")
     min_per_seq: int | None = _f(None, "fewest units selected per sequence; null: 0 for bernoulli, 1 otherwise")
-    unit: str = _f("token", "what is selected: token | word (whole words) | span (SpanBERT)")
+    unit: str = _f("token", "what is selected: token | word (whole words) | span (SpanBERT) | pmi (high-PMI word "
+                            "n-grams as one unit, other words alone: Levine et al. 2021)")
     span: SpanConfig = _f(help="span lengths (mask.unit=span)", factory=SpanConfig)
+    pmi: PMIConfig = _f(help="the n-gram table of mask.unit=pmi", factory=PMIConfig)
+    select: SelectConfig = _f(help="selection weights: uniform, idf, domain, loss", factory=SelectConfig)
     dynamic: bool = _f(True, "new masks every time a block is seen; false: static masks keyed by (seed, block, "
                              "epoch mod static_copies)")
     static_copies: int = _f(1, "static masking: distinct masks per block (RoBERTa's 10)")
@@ -89,6 +140,10 @@ class MaskConfig:
             self.replace = ReplaceConfig(**self.replace)
         if isinstance(self.span, dict):
             self.span = SpanConfig(**self.span)
+        if isinstance(self.pmi, dict):
+            self.pmi = PMIConfig(**self.pmi)
+        if isinstance(self.select, dict):
+            self.select = SelectConfig(**self.select)
         self.validate()
 
     def validate(self, key: str = "mask") -> None:
@@ -103,6 +158,8 @@ class MaskConfig:
         if self.min_per_seq is not None and self.min_per_seq < 0:
             raise ValueError(f"{key}.min_per_seq={self.min_per_seq} must be >= 0 or null")
         self.span.check(f"{key}.span")
+        self.pmi.check(f"{key}.pmi")
+        self.select.check(f"{key}.select", self.unit)
         if self.static_copies < 1:
             raise ValueError(f"{key}.static_copies={self.static_copies} must be >= 1")
 

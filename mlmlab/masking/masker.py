@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from mlmlab.masking.config import COUNT_RULES, UNITS, MaskConfig, ReplaceConfig  # noqa: F401  (the group's owner)
+from mlmlab.masking.selection import selection_probs, unit_weights
 from mlmlab.models.encoder import IGNORE_INDEX  # the loss's ignore label, defined once
 
 NOT_SELECTED, MASKED, RANDOM, KEPT, PREDICT_ONLY = 0, 1, 2, 3, 4
@@ -124,24 +125,25 @@ def _truncated_geometric_cdf(p: float, lo: int, hi: int) -> torch.Tensor:
 class Masker:
     """The masking function of one run. Call with a batch, the current rate and a random source."""
 
-    def __init__(self, mask_token_id: int, cfg: MaskConfig | None = None, sampler=None):
+    def __init__(self, mask_token_id: int, cfg: MaskConfig | None = None, sampler=None, weights=None):
         """``cfg``: the ``mask.*`` group (:class:`MaskConfig`, whose rules ran when it was built; None: its defaults);
-        ``sampler``: the random-replacement sampler built from ``mask.sampler``."""
+        ``sampler``: the random-replacement sampler built from ``mask.sampler``; ``weights``: the selection weights of
+        ``mask.select`` (mlmlab.masking.selection; None: uniform selection)."""
         cfg = MaskConfig() if cfg is None else cfg
         if cfg.replace.random > 0 and sampler is None:
             raise ValueError("a sampler is required when mask.replace.random > 0")
         self.cfg = cfg
         self.mask_token_id = mask_token_id
         self.p_mask, self.p_random = float(cfg.replace.mask), float(cfg.replace.random)
-        self.sampler, self.count, self.unit = sampler, cfg.count, cfg.unit
+        self.sampler, self.count, self.unit, self.weights = sampler, cfg.count, cfg.unit, weights
         self.min_per_seq = cfg.min_units
         self.predict_rate = cfg.predict_rate
         self.span_min, self.span_max = cfg.span.min_len, cfg.span.max_len
         self._span_cdf = _truncated_geometric_cdf(cfg.span.p, cfg.span.min_len, cfg.span.max_len)
 
     @classmethod
-    def from_config(cls, cfg: MaskConfig, mask_token_id: int, sampler=None) -> Masker:
-        return cls(mask_token_id, cfg, sampler)
+    def from_config(cls, cfg: MaskConfig, mask_token_id: int, sampler=None, weights=None) -> Masker:
+        return cls(mask_token_id, cfg, sampler, weights)
 
     # ------------------------------------------------------------------ units
     def _units(self, special: torch.Tensor, word_ids: torch.Tensor | None):
@@ -188,24 +190,29 @@ class Masker:
             sel |= (score.argsort(1).argsort(1) < k_min[:, None]) & cand
         return sel
 
-    def _select_units(self, uid, ulen, rate: float, src) -> torch.Tensor:
-        """Boolean (B, L) over unit slots: which units are selected."""
+    def _select_units(self, uid, ulen, rate: float, src, w: torch.Tensor | None = None) -> torch.Tensor:
+        """Boolean (B, L) over unit slots: which units are selected; ``w``: the units' selection weights (None:
+        uniform; mlmlab.masking.selection)."""
         b, n = ulen.shape
         exists = ulen > 0
         n_units = exists.sum(1)
         score = src.rand(n, _T_SELECT).masked_fill(~exists, 2.0)
+        if w is not None:  # weighted order without replacement (Efraimidis-Spirakis keys); zero weight: last
+            key = torch.where(exists & (w > 0), -torch.log(score.double().clamp(min=1e-12)) / w.clamp(min=1e-300),
+                              torch.full_like(w, float("inf")))
+            key = torch.where(exists, key, torch.full_like(key, float("inf")))
         if self.count == "bernoulli" and self.unit != "span":
-            sel = score < rate
+            sel = score < (rate if w is None else selection_probs(w, exists, rate).to(score.dtype))
             k_min = torch.clamp(n_units, max=self.min_per_seq)
             if self.min_per_seq > 0:
-                rank = score.argsort(1).argsort(1)
+                rank = (score if w is None else key).argsort(1).argsort(1)
                 sel |= rank < k_min[:, None]
             return sel & exists
         n_cand = ulen.sum(1)
         budget = self._budget(n_cand, rate, src, n)
         if self.unit == "span":
             return self._select_spans(ulen, exists, n_units, score, budget, src)
-        order = score.argsort(1)
+        order = score.argsort(1) if w is None else key.argsort(dim=1, stable=True)
         cum = ulen.gather(1, order).cumsum(1)
         valid = exists.gather(1, order)
         k = self._closest_prefix(cum, budget, valid)
@@ -242,13 +249,15 @@ class Masker:
         b, n = ids.shape
         pred_rate = rate if self.predict_rate is None else self.predict_rate
         sel_rate = max(rate, pred_rate)
-        fast = self.unit == "token" and self.count == "bernoulli"  # BERT's selection: no unit bookkeeping needed
+        # BERT's selection: no unit bookkeeping needed
+        fast = self.unit == "token" and self.count == "bernoulli" and self.weights is None
         if fast:
             cand = ~special
             sel_u = self._bernoulli_tokens(cand, sel_rate, source)
         else:
             uid, ulen = self._units(special, word_ids)
-            sel_u = self._select_units(uid, ulen, sel_rate, source)
+            w = None if self.weights is None else unit_weights(self.weights.token_weights(ids), uid, ulen)
+            sel_u = self._select_units(uid, ulen, sel_rate, source, w)
 
         corrupt_u, predict_u = sel_u, sel_u
         if pred_rate != rate:
@@ -312,11 +321,11 @@ class MaskingRecipe:
 
     @classmethod
     def from_config(cls, mask: MaskConfig, mask_token_id: int, special_ids: Sequence[int], sampler,
-                    schedule: Callable[[int, int], float]) -> MaskingRecipe:
-        """``mask.*`` (a :class:`MaskConfig`) -> the recipe; ``sampler`` and ``schedule`` are the objects built from
-        ``mask.sampler`` / ``mask.schedule``."""
-        return cls(Masker.from_config(mask, mask_token_id, sampler), schedule, tuple(int(i) for i in special_ids),
-                   mask.dynamic, mask.static_copies)
+                    schedule: Callable[[int, int], float], weights=None) -> MaskingRecipe:
+        """``mask.*`` (a :class:`MaskConfig`) -> the recipe; ``sampler``, ``schedule`` and ``weights`` are the objects
+        built from ``mask.sampler`` / ``mask.schedule`` / ``mask.select`` (None: uniform selection)."""
+        return cls(Masker.from_config(mask, mask_token_id, sampler, weights), schedule,
+                   tuple(int(i) for i in special_ids), mask.dynamic, mask.static_copies)
 
 
 def telemetry(original: torch.Tensor, special_tokens_mask: torch.Tensor, out: MaskedBatch) -> dict[str, torch.Tensor]:

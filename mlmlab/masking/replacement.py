@@ -35,7 +35,8 @@ class SamplerContext:
     a DictConfig (its tuples into ListConfigs, its methods gone); a plain object is passed through as is.
     """
 
-    __slots__ = ("vocab_size", "special_ids", "token_counts", "encode_words", "corpus_counts", "read_lines", "unk_id")
+    __slots__ = ("vocab_size", "special_ids", "token_counts", "encode_words", "corpus_counts", "read_lines", "unk_id",
+                 "doc_freq")
 
     def __init__(
         self,
@@ -46,11 +47,12 @@ class SamplerContext:
         corpus_counts: Callable[[str], torch.Tensor] | None = None,  # path of a domain text corpus -> int64 [vocab_size]
         read_lines: Callable[[str], list[str]] | None = None,  # path of a word-list file -> stripped non-empty lines
         unk_id: int | None = 1,
+        doc_freq: Callable[[], tuple[torch.Tensor, int]] | None = None,  # (blocks holding each id, number of blocks)
     ):
         self.vocab_size = int(vocab_size)
         self.special_ids = tuple(int(i) for i in special_ids)
         self.token_counts, self.encode_words, self.corpus_counts = token_counts, encode_words, corpus_counts
-        self.read_lines, self.unk_id = read_lines, unk_id
+        self.read_lines, self.unk_id, self.doc_freq = read_lines, unk_id, doc_freq
 
     def __repr__(self) -> str:
         given = [k for k in ("token_counts", "encode_words", "corpus_counts", "read_lines") if getattr(self, k)]
@@ -72,7 +74,7 @@ class SamplerContext:
     def need(self, attr: str, sampler: str, what: str):
         fn = getattr(self, attr)
         if fn is None:
-            raise ValueError(f"mask.sampler={sampler} needs {what}, but the SamplerContext has {attr}=None "
+            raise ValueError(f"mask.{'' if sampler.startswith('select') else 'sampler='}{sampler} needs {what}, but the SamplerContext has {attr}=None "
                              f"(build it with mlmlab.data.vocab_stats.make_sampler_context)")
         return fn
 
