@@ -36,7 +36,6 @@ def build_recipe(mask, ctx, train_blocks: dict | None = None):
     from mlmlab.config import build_schedule, mask_config
     from mlmlab.data.tokenizer import MASK
     from mlmlab.masking import MaskingRecipe
-
     from mlmlab.masking.selection import build_weights
 
     mask = mask_config(mask)
