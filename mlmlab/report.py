@@ -265,11 +265,12 @@ def _findings_compact(spec: dict, base: Path, tables: dict) -> str:
         verdict = words[0] if len(set(words)) == 1 else "; ".join(f"{r['arm']}: {w}" for (_, r), w in
                                                                      zip(part.iterrows(), words))
         first = part.iloc[0]
+        over = f" over {row['gain_over']}" if row.get("gain_over") else ""  # continued pretraining: over its start
         rows.append([row["question"], f"`{row['sweep']}`", f"{m.get('label', m['key'])}, {int(first['n'])} seeds",
-                     f"{first['baseline']}: {_interval(first['baseline_gain'], scale, dg)}", effects,
+                     f"{first['baseline']}: {_interval(first['baseline_gain'], scale, dg)}{over}", effects,
                      f"**{verdict}**"])
-    return _md(["question", "sweep", "primary metric", "baseline's gain over random init", "effect vs the baseline "
-                "(95% CI over seeds)", "verdict"], rows)
+    return _md(["question", "sweep", "primary metric", "baseline's gain over random init (or as said)",
+                "effect vs the baseline (95% CI over seeds)", "verdict"], rows)
 
 
 def _sequential_words(row: dict, base: Path, part, words: list[str]) -> list[str]:
