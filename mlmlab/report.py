@@ -100,8 +100,8 @@ def _fmt(v, fmt: str) -> str:
 # ------------------------------------------------------------------------------------------------------------ kinds
 def _runs_table(spec: dict, base: Path) -> str:
     """Rows of run records; each column one of: ``key`` (a value, ``fmt``), ``ci`` (a task score over fine-tuning seeds,
-    mean ± 95% t CI), ``gain`` (pretrained minus random init paired by fine-tuning seed, in points ± CI; ``p`` for its
-    p-value), ``steps_tokens``. A row's ``baseline`` names another record whose random-init arm it pairs with (a job
+    mean ± 95% t CI), ``gain`` (pretrained minus random init -- or ``vs: start``, the encoder a continued pretraining
+    started from -- paired by fine-tuning seed, in points ± CI; ``p`` for its p-value), ``steps_tokens``. A row's ``baseline`` names another record whose random-init arm it pairs with (a job
     run with ``downstream.random_init_baseline=false``); a row's fields fill ``{...}`` in a column's keys (a key left
     empty, ``metric:``, prints ``-``); ``stat: std`` gives ± the std over fine-tuning seeds instead of the CI."""
     heads = [c["head"] for c in spec["columns"]]
@@ -133,14 +133,15 @@ def _cell(kind: str, col: dict, row: dict, rec: dict, other: dict) -> str:
     task, metric = col["task"].format(**fill), col.get("metric", "acc")
     if kind == "ci":
         arm = col.get("arm", "downstream").format(**fill)
-        src = other if arm == "random_init" else rec
+        src = other if arm in ("random_init", "start") else rec
         values = list(_seeds(src, arm, task, metric).values())
         mean, std, ci = _mean_ci(values)
         mean = (src.get("metrics") or {}).get(f"{arm}/{task}/{metric}", mean)  # the job's own mean where it logged one
         spread = std if col.get("stat") == "std" else ci  # the fine-tuning seeds' spread, or the CI of their mean
         return f"{mean:.3f} ± {spread:.3f}"
     if kind in ("gain", "p"):
-        mean, ci, p, _ = _paired(_seeds(rec, "downstream", task, metric), _seeds(other, "random_init", task, metric))
+        vs = col.get("vs", "random_init")  # or start: continued pretraining against the encoder it started from
+        mean, ci, p, _ = _paired(_seeds(rec, "downstream", task, metric), _seeds(other, vs, task, metric))
         if kind == "p":
             return _fmt(p, "p")
         text = f"{100 * mean:+.1f} ± {100 * ci:.1f}"

@@ -117,6 +117,8 @@ def _run(cfg: DictConfig, job: Job) -> dict[str, float]:
     plan = calibrate_budget(c.trainer, c.resume, lambda: calibrate_seconds(c.trainer, c.data, make, dm), cost, record,
                             plan)
     module = make(max_steps=max(1, plan.max_steps))
+    if hasattr(masking.recipe.masker.weights, "reset"):  # mask.select.weight=loss: a timing probe may have trained it
+        masking.recipe.masker.weights.reset()
     if start is not None:
         from mlmlab.init import load_into
 

@@ -115,6 +115,11 @@ class LossWeights(WeightTable):
         self.loss = torch.where(seen, self.loss + (1 - self.decay) * (mean - self.loss), self.loss)
         self.updates += 1
 
+    def reset(self) -> None:
+        """Back to the uniform start (after a timing probe trained on the same recipe)."""
+        self.loss = torch.full_like(self.loss, math.log(len(self.loss)))
+        self.updates = 0
+
     def state(self) -> dict:
         return {"loss": self.loss.detach().cpu().clone(), "updates": self.updates}
 
