@@ -75,7 +75,10 @@ def test_sweep_file_expands_to_the_jobs_it_says(name):
                 "real_en_fast_electra": "imdb", "real_en_fast_electra_mlm": "imdb",
                 "real_zh_units": "zh_corpus", "real_en_electra_curriculum": "imdb", "real_en_schedules": "imdb", "real_en_ratios": "imdb",
                 "real_finance_ratios": "finance_corpus", "real_medical_ratios": "medical",
-                "real_finance_replacement": "finance_corpus", "real_medical_replacement": "medical"}.get(name)
+                "real_finance_replacement": "finance_corpus", "real_medical_replacement": "medical",
+                "dapt_finance": "finance_corpus", "dapt_finance_ratios": "finance_corpus",
+                "dapt_finance_replacement": "finance_corpus", "dapt_finance_selection": "finance_corpus",
+                "dapt_finance_units": "finance_corpus", "dapt_medical": "medical"}.get(name)
         c = compose_sweep(name, *job, *([f"paths.data_dir={SHARED}"] if real else []), hydra_cfg=False)
         if not real or (SHARED / real).exists():
             validate(c)
