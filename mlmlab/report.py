@@ -227,15 +227,17 @@ def _findings_table(spec: dict, base: Path, tables: dict) -> str:
         words = [_say(r, scale) for _, r in part.iterrows()]
         if row.get("sequential"):
             words = _sequential_words(row, base, part, words)
+        over = f" over {row['gain_over']}" if row.get("gain_over") else ""  # continued pretraining: over its start
         for (_, r), word in zip(part.iterrows(), words):
             gains = "; ".join(f"{r[side]}: {_interval(r[side + '_gain'], scale, dg)}" for side in ("baseline", "arm"))
+            gains += over
             rows.append([row["question"], f"`{row['sweep']}`", m.get("label", m["key"]), gains,
                          f"{r['arm']} - {r['baseline']}: {_effect(r, scale, dg)}",
                          f"{_fmt(r['p'], 'p')} / {_fmt(r['p_holm'], 'p')}", str(int(r["n"])),
                          _mdd_range(r, scale, dg),
                          f"{_count(r['seeds_80'])} [{_count(r['seeds_80_high'])}]",
                          f"**{word}**"])
-    return _md(["question", "sweep", "primary metric", "each arm's gain over random init (95% CI over seeds)",
+    return _md(["question", "sweep", "primary metric", "each arm's gain over random init, or as said (95% CI over seeds)",
                 "effect (95% CI over seeds)", "p / Holm p", "seeds", "min. detectable [sd range]",
                 "seeds for 80% power at the margin [at the sd's upper 95% bound]", "verdict"], rows)
 

@@ -235,8 +235,10 @@ def describe(record, objective: str, d, data: Data, masking: MaskingPlan, info: 
             log.warning("objective=clm does not mask: %s change nothing in this job", ", ".join(ignored))
     else:
         report = getattr(masking.sampler, "report", None)
+        weights = masking.recipe.masker.weights  # mask.select: which weights, and their summary
         record.set(masking={"sampler": getattr(masking.sampler, "name", type(masking.sampler).__name__),
-                            "schedule": masking.schedule.describe(), **({"sampler_report": report} if report else {})})
+                            "schedule": masking.schedule.describe(), **({"sampler_report": report} if report else {}),
+                            **({"select": {"weight": weights.name, **weights.report}} if weights is not None else {})})
     log.info("masking: %s", record.data["masking"])
     stats = data.stats
     record.set(data={"vocab_size": data.vocab_size, "train_blocks": len(data.train_blocks["input_ids"]),

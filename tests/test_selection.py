@@ -216,6 +216,8 @@ def test_selection_axes_run_in_a_job(over, tmp_path, cache_dir):
     rec = json.loads((tmp_path / "run" / "results.json").read_text())
     if "mask.unit=pmi" in over:
         assert rec["pmi_units"]["ngrams_in_table"] > 0 and rec["pmi_units"]["share_of_words_in_pmi_units"] > 0
+    if "mask.select.weight=idf" in over:
+        assert rec["masking"]["select"]["weight"] == "idf" and rec["masking"]["select"]["idf_max"] > 1
     if "mask.select.weight=loss" in over:
         ck = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
         assert ck["mlmlab_select"]["updates"] == 20
