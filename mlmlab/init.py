@@ -357,17 +357,16 @@ def command_line(overrides: list[str] | None, group: str) -> dict[str, str]:
     return out
 
 
-def adopt(cfg, start: Start, overrides: list[str] | None) -> dict:
-    """Put the start's shape into ``model.*`` and what is known of its tokenizer into ``tokenizer.*`` (the record then
-    says what ran); a command-line override of either that contradicts the start is a ConfigError. Returns what
-    changed ({key: [composed, start]})."""
+def adopt(model, tokenizer, start: Start, overrides: list[str] | None) -> dict:
+    """Put the start's shape into ``model.*`` and what is known of its tokenizer into ``tokenizer.*`` (the two composed
+    groups, changed in place: the record then says what ran); a command-line override of either that contradicts the
+    start is a ConfigError. Returns what changed ({key: [composed, start]})."""
     from omegaconf import open_dict
 
     changed: dict = {}
-    for group, values in (("model", {k: start.encoder_cfg[k] for k in SHAPE_KEYS if k in start.encoder_cfg}),
-                          ("tokenizer", start.tokenizer_cfg)):
+    for group, node, values in (("model", model, {k: start.encoder_cfg[k] for k in SHAPE_KEYS if k in start.encoder_cfg}),
+                                ("tokenizer", tokenizer, start.tokenizer_cfg)):
         given = command_line(overrides, group)
-        node = cfg[group]
         if "" in given and group == "tokenizer":
             raise ConfigError(f"tokenizer={given['']}: with init.* the tokenizer is the start's; drop the override")
         for k, v in values.items():
@@ -379,7 +378,7 @@ def adopt(cfg, start: Start, overrides: list[str] | None) -> dict:
                                   "start from another encoder")
             if node[k] != v:
                 changed[f"{group}.{k}"] = [node[k], v]
-                with open_dict(cfg):
+                with open_dict(node):
                     node[k] = v
     if changed:
         log.info("init: shape and tokenizer from the start: %s", changed)

@@ -79,7 +79,8 @@ def check_job(cfg: DictConfig) -> None:
 
         init_.check(init)
         start = init_.resolve(init, cfg.paths.cache_dir, cfg.paths.get("data_dir"))
-        init_.adopt(cfg, start, list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else [])
+        init_.adopt(cfg.model, cfg.tokenizer, start,
+                    list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else [])
     validate(cfg)
 
 
@@ -159,7 +160,7 @@ def init_start(cfg: DictConfig, job: Job):
     with job.record.timer("init"):
         start = init_.resolve(cfg.init, cfg.paths.cache_dir, cfg.paths.get("data_dir"))
     if cfg.init.pretrain:
-        init_.adopt(cfg, start, job.info.get("overrides"))
+        init_.adopt(cfg.model, cfg.tokenizer, start, job.info.get("overrides"))
         validate(cfg)
         from mlmlab.config import to_container
 
