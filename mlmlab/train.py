@@ -77,7 +77,7 @@ def check_job(cfg: DictConfig) -> None:
     if init is not None and init.checkpoint is not None:  # its shape and tokenizer, checked before any data work
         from mlmlab import init as init_
 
-        init_.check(init)
+        init_.check(init)  # (validate checks it again; here it must hold before the start is read)
         start = init_.resolve(init, cfg.paths.cache_dir, cfg.paths.get("data_dir"))
         init_.adopt(cfg.model, cfg.tokenizer, start,
                     list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else [])

@@ -167,17 +167,15 @@ def pmi_units(input_ids: np.ndarray, word_ids: np.ndarray, max_n: int = 5, min_c
 def cached_pmi_units(d, t, cache_dir: str, tok, train: dict, pmi) -> tuple[dict, dict]:
     """``mask.unit=pmi``: the training blocks (``train``) with their ``word_ids`` replaced by PMI units, computed once
     per corpus, tokenizer, block shape and ``mask.pmi.*`` (``pmi``) and cached under ``<cache_dir>/pmi_units/``."""
-    import hashlib
     import json
     from pathlib import Path
 
     import torch
 
     from mlmlab.data.cache import cached_file, plain
-    from mlmlab.data.corpus import tokenizer_key
+    from mlmlab.data.vocab_stats import train_blocks_key
 
-    key = {**tokenizer_key(d, t), "max_seq_len": d.max_seq_len, "blocks_shape": list(train["input_ids"].shape),
-           "tokenizer_sha": hashlib.sha256(tok.to_str().encode()).hexdigest(), "pmi": plain(pmi), "version": 1}
+    key = {**train_blocks_key(d, t, tok, train), "pmi": plain(pmi), "pmi_version": 1}
 
     def build(tmp: Path) -> None:
         tmp.mkdir()

@@ -111,6 +111,14 @@ def _cached_counts(cache_dir: str, kind: str, key: dict, compute) -> torch.Tenso
     return torch.load(cached_file(cache_dir, kind, key, "counts.pt", build), weights_only=True)
 
 
+def train_blocks_key(d: DataConfig, t: TokenizerConfig, tok, train: dict[str, torch.Tensor]) -> dict:
+    """What identifies statistics of the packed training blocks: the corpus and tokenizer config, the block length and
+    shape, the tokenizer's content (a given one, ``init.*``, included)."""
+    return {**tokenizer_key(d, t), "max_seq_len": d.max_seq_len, "split": "train",
+            "blocks_shape": list(train["input_ids"].shape), "tokenizer_sha": _tokenizer_hash(tok),
+            "version": COUNTS_VERSION}
+
+
 def make_sampler_context(d: DataConfig, t: TokenizerConfig, paths: PathsConfig, tok,
                          blocks: dict[str, dict[str, torch.Tensor]]) -> SamplerContext:
     """The SamplerContext of a run: ``tok`` and ``blocks`` are what :func:`mlmlab.data.corpus.get_blocks` returned for
@@ -120,24 +128,19 @@ def make_sampler_context(d: DataConfig, t: TokenizerConfig, paths: PathsConfig, 
     cache_dir, data_dir = paths.cache_dir, paths.data_dir
     memo: dict[str, torch.Tensor] = {}
 
+    def train_counts(kind: str, compute) -> torch.Tensor:
+        """A statistic of the training blocks, counted once per corpus, tokenizer and block shape (cached)."""
+        if kind not in memo:
+            memo[kind] = _cached_counts(cache_dir, kind, train_blocks_key(d, t, tok, blocks["train"]),
+                                        lambda: compute(blocks["train"], vocab_size))
+        return memo[kind]
+
     def token_counts() -> torch.Tensor:
-        if "train" not in memo:
-            train = blocks["train"]
-            key = {**tokenizer_key(d, t), "max_seq_len": d.max_seq_len, "split": "train",
-                   "blocks_shape": list(train["input_ids"].shape), "tokenizer_sha": _tokenizer_hash(tok),
-                   "version": COUNTS_VERSION}
-            memo["train"] = _cached_counts(cache_dir, "token_counts", key, lambda: block_token_counts(train, vocab_size))
-        return memo["train"]
+        return train_counts("token_counts", block_token_counts)
 
     def doc_freq() -> tuple[torch.Tensor, int]:
         """How many training blocks hold each id (a block stands for a document), and the number of blocks."""
-        if "df" not in memo:
-            train = blocks["train"]
-            key = {**tokenizer_key(d, t), "max_seq_len": d.max_seq_len, "split": "train",
-                   "blocks_shape": list(train["input_ids"].shape), "tokenizer_sha": _tokenizer_hash(tok),
-                   "version": COUNTS_VERSION}
-            memo["df"] = _cached_counts(cache_dir, "doc_freq", key, lambda: block_doc_freq(train, vocab_size))
-        return memo["df"], len(blocks["train"]["input_ids"])
+        return train_counts("doc_freq", block_doc_freq), len(blocks["train"]["input_ids"])
 
     def corpus_counts(path: str, key: str = "mask.sampler.corpus") -> torch.Tensor:
         p = str(find_data_path(path, data_dir, key))
