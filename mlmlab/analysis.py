@@ -123,17 +123,62 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _plan_main(a) -> int:
     try:
         df = load_runs([a.source, *(a.also or [])])
-        metric = a.metric or declared_question(df).primary or DEFAULT_METRIC
+        declared = declared_question(df)
+        metric = a.metric or declared.primary or DEFAULT_METRIC
         table = plan(df, a.by, _cli_value(a.baseline, df[_columns(df, a.by)[0]]), metric, a.effect, a.pair_on,
-                     a.power)
+                     a.power, declared)
     except (NoRunsError, KeyError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):
         print(f"plan from the pilot {a.source}: {metric}, {a.by} against {a.baseline}, a true difference of "
-              f"{a.effect:g} at {a.power:.0%} power (two-sided paired t over pretraining seeds, alpha 0.05)")
+              f"{a.effect:g} at {a.power:.0%} power (two-sided paired t over pretraining seeds, alpha "
+              f"{declared.alpha:g})")
         print(table.T.to_string())
+    for arm, r in table.iterrows():
+        print(f"\n{a.by}={arm} against {a.baseline}:")
+        print("\n".join(f"  {line}" for line in _plan_lines(r, a.effect, a.power)))
     return 0
+
+
+def _plan_lines(r: pd.Series, effect: float, power: float) -> list[str]:
+    """One arm's plan in words (:func:`mlmlab.verdicts.plan_table`'s columns); variances in points squared (1 pt =
+    0.01 of the metric: a point of accuracy)."""
+    pt2 = lambda v: f"{v * 1e4:.2f} pt^2"  # noqa: E731
+    m = int(r["finetune_seeds"])
+    out = [f"variance components ({r['components_from']}): between (pretraining seed x arm) {pt2(r['between'])}, "
+           f"within (one fine-tuning run) {pt2(r['within'])}; a seed's difference at m fine-tuning seeds per encoder "
+           f"has variance between + 2 within / m ({pt2(r['sd'] ** 2)} at the pilot's m = {m})"]
+    if r["c_pretrain_s"] == r["c_pretrain_s"]:
+        out.append(f"unit costs from the records (medians over runs): a pretraining seed, both arms (all but "
+                   f"fine-tuning) {r['c_pretrain_s']:.0f} s; a fine-tuning run {r['c_finetune_s']:.1f} s"
+                   + (f"; a random-init run {r['c_comparator_s']:.1f} s, once per pretraining seed"
+                      if r["c_comparator_s"] else ""))
+    if r["m_opt"] is None or r["m_opt"] != r["m_opt"]:
+        out.append("allocation: needs the fine-tuning variance and the runs' timings (results.json timings_s)")
+    else:
+        out.append(f"allocation for {effect:g} at {power:.0%} power: m* = {r['m_star']:.1f} -> {int(r['m_opt'])} "
+                   f"fine-tuning seeds per encoder and {_count(r['n_opt'])} pretraining seeds (power "
+                   f"{r['power_opt']:.2f}): {r['cpu_min_opt']:.0f} CPU-min")
+        out.append(f"the pilot's design, {r['pilot_seeds']} seeds x {m} fine-tuning seeds: {r['pilot_cpu_min_spent']:.0f} "
+                   f"CPU-min spent (the records' timings), {r['pilot_cpu_min_model']:.0f} at these unit costs; at {m} "
+                   f"fine-tuning seeds {effect:g} needs {_count(r['n_at_pilot_m'])} seeds: "
+                   f"{r['cpu_min_at_pilot_m']:.0f} CPU-min")
+        if r["m_at_pilot_mdd"] is not None and r["m_at_pilot_mdd"] == r["m_at_pilot_mdd"]:
+            out.append(f"the pilot's minimal detectable difference, {r['pilot_mdd']:.4g}, costs "
+                       f"{r['cpu_min_at_pilot_mdd']:.0f} CPU-min at {_count(r['n_at_pilot_mdd'])} seeds x "
+                       f"{int(r['m_at_pilot_mdd'])} fine-tuning seeds")
+    if "seq_power" in r.index and isinstance(r.get("seq_looks"), str):
+        out.append(f"sequential rule ({r['seq_spending']} spending, looks at {r['seq_looks']} seeds) at {effect:g}: "
+                   f"power {r['seq_power']:.2f}, expected seeds {r['seq_expected_seeds']:.1f} (stopped by each look: "
+                   f"{r['seq_stop_by_look']}) at the pilot's {m} fine-tuning seeds"
+                   + (f"; power {r['seq_power_at_m_opt']:.2f}, expected seeds {r['seq_expected_seeds_at_m_opt']:.1f} at "
+                      f"{int(r['m_opt'])}" if r["m_opt"] is not None and r["m_opt"] == r["m_opt"] else ""))
+    return out
+
+
+def _count(n) -> str:
+    return "more than 1000" if n is None or n != n else str(int(n))
 
 
 def _main(a) -> int:
@@ -193,8 +238,9 @@ def _main(a) -> int:
                     r = sequential_verdict(df, a.by[0], base, value, declared.primary, declared, a.pair_on)
                     print(f"\nsequential rule ({declared.sequential.spending} spending, looks at "
                           f"{list(declared.sequential.looks())} seeds), {a.by[0]}={value}: {r.verdict} at look "
-                          f"{r.look} ({r.n} seeds; {r.interval.mean:+.4f} [{r.interval.low:+.4f}, "
-                          f"{r.interval.high:+.4f}] at level {r.interval.level:.4f})")
+                          f"{r.look} ({r.n} seeds; {r.interval.mean:+.4f}, repeated {1 - declared.alpha:.0%} CI "
+                          f"[{r.interval.low:+.4f}, {r.interval.high:+.4f}] at level {r.interval.level:.4f}; "
+                          f"stagewise-ordering p {r.p_stagewise:.3g}, repeated p {r.p_repeated:.3g})")
     if a.csv:
         table.to_csv(a.csv)
         if comparison is not None:

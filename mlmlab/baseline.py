@@ -91,9 +91,12 @@ def cached_random_init(p, data, cache_dir: str, precision: str, tok, encoder_cfg
 
     from mlmlab.data.cache import cached_file
 
-    ds = {k: v for k, v in plain(p.ds).items() if k not in ("wandb_runs", "reuse_random_init")}
+    # (only_declared: which tasks and budgets this row has is already in tasks / max_train_examples)
+    ds = {k: v for k, v in plain(p.ds).items() if k not in ("wandb_runs", "reuse_random_init", "only_declared")}
     if ds.get("finetune", {}).get("layer_decay") is None:  # the option's default: the keys of earlier rows still hold
         ds["finetune"] = {k: v for k, v in ds["finetune"].items() if k != "layer_decay"}
+    if ds.get("score_split") == "reported":  # likewise: a screen's rows (score_split=selection) are keyed apart
+        del ds["score_split"]
     from mlmlab.downstream import PROTOCOL_VERSION
     from mlmlab.hardware import cpu_kind
 

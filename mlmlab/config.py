@@ -281,6 +281,105 @@ class DownstreamConfig:
     # built-in tasks: sizes of the generated splits
     builtin_n_train: int = 512
     builtin_n_test: int = 1000
+    # the split a job scores: reported (the task's evaluation split: test where it has labels, else validation) |
+    # selection (screens: the task's selection split, val_fraction of train held out by a fixed seeded split
+    # (mlmlab.data.tasks.hold_out), never trained on; label budgets come from the rest of train; an lr grid or early
+    # stopping selects on the same held-out part). results.json downstream.<task>.reported_split names it.
+    score_split: str = "reported"
+    # with a declared question (analysis.primary): fine-tune only the label budgets of max_train_examples that a
+    # declared metric (analysis.primary, analysis.family) reads, and the random-init comparator only at the primary
+    # metric's task and budget (what the regime gate reads); results.json downstream.skipped says what was left out and
+    # why. false: every budget, and the comparator at every task and budget (as before this key)
+    only_declared: bool = True
+
+    def __post_init__(self):
+        check_score_split(self.score_split)
+        check_only_declared(self.only_declared)
+
+    def declared(self, primary: str | None, family=()) -> Declared:
+        """What a job with the question ``primary`` + ``family`` fine-tunes (``only_declared``): this group with the
+        label budgets no declared metric reads removed (``encoder``), and the random-init comparator's (``comparator``:
+        the primary metric's task and budget, and those of declared metrics that read the comparator themselves --
+        ``gain/...``, ``random_init/...``); ``skipped``, the record of what was left out (None: nothing). A question that
+        names no label budget (``downstream/score``, ``val/...``) leaves the budgets; a primary that names no task of
+        ``tasks`` leaves the comparator. The task registry is not needed: metric keys name the task and budget."""
+        import dataclasses
+
+        metrics = [m for m in [primary, *(family or [])] if m]
+        if not self.only_declared or primary is None:
+            return Declared(self, self, None)
+        value, tasks = self.max_train_examples, list(self.tasks)
+        curve = isinstance(value, (list, tuple, ListConfig))
+        budgets = [int(x) for x in value] if curve else []
+        read = [r for r in map(_reads, metrics) if r is not None and r[1] in tasks]
+        named = {n for _, _, n in read if n in budgets}
+        if named and "downstream/score" in metrics:
+            named.add(max(budgets))  # the score takes each task's largest budget
+        skipped: dict = {}
+        encoder = self
+        if curve and named and len(named) < len(budgets):
+            keep = [n for n in budgets if n in named]
+            encoder = dataclasses.replace(self, max_train_examples=keep)
+            skipped["budgets"] = [n for n in budgets if n not in named]
+            skipped["why"] = ("no declared metric (analysis.primary, analysis.family) reads them; "
+                              "downstream.only_declared=false fine-tunes them")
+        comparator = encoder
+        first = _reads(primary)
+        if self.random_init_baseline and first is not None and first[1] in tasks:
+            gated = [first, *(r for r in read if r[0] in COMPARATOR_HEADS)]
+            c_tasks = [t for t in tasks if any(r[1] == t for r in gated)]
+            # (a gated metric without a budget: a zero-shot task, which runs once whatever the budgets)
+            kept = list(encoder.max_train_examples) if curve else value
+            c_budgets = ([n for n in budgets if any(r[2] == n for r in gated)] or kept) if curve else value
+            if c_tasks != tasks or c_budgets != kept:
+                comparator = dataclasses.replace(self, tasks=c_tasks, max_train_examples=c_budgets)
+                skipped["random_init"] = {"tasks": c_tasks, "max_train_examples": c_budgets,
+                                          "why": "the regime gate reads the comparator at the primary metric's task "
+                                                 "and label budget only"}
+        return Declared(encoder, comparator, skipped or None)
+
+
+# metric prefixes that read the random-init comparator themselves (mlmlab.baseline writes them)
+COMPARATOR_HEADS = ("random_init", "gain", "random_init_probe", "gain_probe")
+
+
+def _reads(metric: str | None) -> tuple[str, str, int | None] | None:
+    """``<head>/<task>[@<N>]/<name>`` -> (head, task, N or None); None for a key that names no task
+    (``downstream/score``, ``val/mlm_loss_r15``: no ``<task>/<name>`` after the head)."""
+    if not metric:
+        return None
+    head, _, rest = str(metric).partition("/")
+    key, _, name = rest.rpartition("/")
+    if not key or not name or "/" in key:
+        return None
+    task, at, n = key.partition("@")
+    return head, task, int(n) if at and n.isdigit() else None
+
+
+@dataclass(frozen=True)
+class Declared:
+    """:meth:`DownstreamConfig.declared`: the pretrained encoder's and the comparator's ``downstream.*`` and the record
+    of what they leave out (results.json ``downstream.skipped``; None: nothing)."""
+    encoder: DownstreamConfig
+    comparator: DownstreamConfig
+    skipped: dict | None
+
+
+def check_only_declared(value) -> None:
+    """``downstream.only_declared``: a boolean (a ValueError naming the key otherwise)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"downstream.only_declared={value!r}; allowed: true (fine-tune only what the declared "
+                         "question reads) or false (every label budget, and the comparator at each)")
+
+
+SCORE_SPLITS = ("reported", "selection")
+
+
+def check_score_split(value) -> None:
+    """``downstream.score_split``: one of :data:`SCORE_SPLITS` (a ValueError naming the key otherwise)."""
+    if value not in SCORE_SPLITS:
+        raise ValueError(f"downstream.score_split={value!r} is not known; allowed: {', '.join(SCORE_SPLITS)} "
+                         "(reported: the task's evaluation split; selection: a part held out of train, for screens)")
 
 
 @dataclass
@@ -568,6 +667,8 @@ def validate_downstream(cfg: DictConfig, objective: str, max_positions: int) -> 
     _check(ds.max_selection_examples is None or ds.max_selection_examples >= 1,
            f"downstream.max_selection_examples={ds.max_selection_examples} must be >= 1 or null")
     _check(0 < ds.val_fraction < 1, f"downstream.val_fraction={ds.val_fraction} must be in (0, 1)")
+    _owned(check_score_split, ds.score_split)
+    _owned(check_only_declared, ds.only_declared)
     _check(len(set(ds.seeds)) == len(ds.seeds), f"downstream.seeds={list(ds.seeds)} has duplicates")
     _check(
         ds.finetune.max_seq_len <= max_positions,

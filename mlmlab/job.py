@@ -111,6 +111,24 @@ def trainer_kwargs(t) -> dict:
             "enable_progress_bar": t.enable_progress_bar}
 
 
+def _declared_skipped(downstream, q) -> dict | None:
+    """What a job of the groups ``downstream`` and ``analysis`` (``q``) leaves out of fine-tuning (results.json
+    ``downstream.skipped`` as it will write it: :meth:`mlmlab.config.DownstreamConfig.declared`), None where nothing
+    or where the config has no question."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    if q is None or downstream is None:
+        return None
+    try:
+        ds = OmegaConf.to_object(downstream)
+        skipped = ds.declared(q.get("primary"), list(q.get("family") or [])).skipped
+    except (ValueError, AttributeError):  # a bad value (the job's validation names it) or an untyped node
+        return None
+    return json.loads(json.dumps(skipped)) if skipped else None
+
+
 def completed_metrics(cfg: DictConfig) -> dict[str, float] | None:
     """The metrics of ``<paths.output_dir>/results.json`` if it is a finished run of this same config, else None."""
     import json
@@ -129,7 +147,16 @@ def completed_metrics(cfg: DictConfig) -> dict[str, float] | None:
         return None
     from mlmlab.checkpoint import COMPLETED_FREE, config_diff
 
-    changed = config_diff(r.get("config"), now, COMPLETED_FREE)
+    # downstream.only_declared: a record that fine-tuned every budget (from before the key, or with it false) holds
+    # what a lean job runs; a lean record, only if this config's question leaves out the same (results.json
+    # downstream.skipped)
+    changed = [c for c in config_diff(r.get("config"), now, COMPLETED_FREE)
+               if not (c[0] == "downstream.only_declared" and c[1] in (None, False) and c[2] is True)]
+    before, after = (r.get("downstream") or {}).get("skipped"), _declared_skipped(cfg.get("downstream"), cfg.get("analysis"))
+    if before is not None and before != after:
+        log.warning("skip_completed: %s left out %s; this config's question (analysis.*) asks for %s; running the job "
+                    "again", path, before, after or "everything")
+        return None
     if changed:
         log.warning("skip_completed: %s was run with a different config (%s differ); running the job again", path,
                     ", ".join(k for k, _, _ in changed))

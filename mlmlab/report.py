@@ -150,20 +150,52 @@ def _cell(kind: str, col: dict, row: dict, rec: dict, other: dict) -> str:
 
 
 _QUESTIONS: dict[str, object] = {}  # one render of the docs: a compare table's question rows, reused by findings
+_SPECS: dict[str, dict] = {}  # the whole tables.yaml of this render: a question may span several compare tables
 
 
 def _question_rows(spec: dict, base: Path):
     """The runs of a compare-like spec and its question table (:func:`mlmlab.verdicts.question_table`), computed once
-    per spec and folder in a process."""
-    key = json.dumps([str(base), spec], sort_keys=True, default=str)
+    per spec and folder in a process. A spec with ``question_id`` shares its question with every spec of that id
+    (one sweep's question asked against two baselines, or at two label budgets): their hypotheses are adjusted
+    together (:func:`mlmlab.verdicts.readjust`), by the question's declared ``multiplicity``."""
+    from mlmlab.stats import Question
+    from mlmlab.verdicts import readjust
+
+    key = _key(spec, base)
     if key not in _QUESTIONS:
-        _QUESTIONS[key] = _question_rows_uncached(spec, base)
+        qid = spec.get("question_id")
+        group = [s for s in _SPECS.values() if qid and s.get("question_id") == qid] or [spec]
+        if spec not in group:
+            group.append(spec)
+        declared = {json.dumps(s.get("question"), sort_keys=True) for s in group}
+        if qid and any(not s.get("question") for s in group):
+            raise ReportError(f"question_id {qid!r}: every table of a question declares it (question:)")
+        raw = [_question_rows_uncached(s, base) for s in group]
+        q = Question(**spec["question"]) if spec.get("question") else None
+        if q is not None and len(group) > 1:
+            if len({json.dumps({k: v for k, v in json.loads(d).items() if k not in ("primary", "family")},
+                               sort_keys=True) for d in declared}) > 1:
+                raise ReportError(f"question_id {qid!r}: its tables declare different margins or rules")
+            raw = readjust(raw, q)
+        elif q is not None:
+            raw = readjust(raw, q)
+        for s, t in zip(group, raw):
+            _QUESTIONS[_key(s, base)] = t
     return _QUESTIONS[key].copy()
+
+
+def _key(spec: dict, base: Path) -> str:
+    return json.dumps([str(base), spec], sort_keys=True, default=str)
+
+
+_COUNTS: dict[str, dict] = {}
 
 
 def _question_rows_uncached(spec: dict, base: Path):
     from mlmlab.analysis import _columns, load_runs, question, select
+    from mlmlab.runs import label_counts
     from mlmlab.stats import Question
+    from mlmlab.verdicts import apply_sequential, sequential_results
 
     sources = spec["source"] if isinstance(spec["source"], list) else [spec["source"]]
     df = select(load_runs([base / src for src in sources], source_kind="results"), spec.get("where"),
@@ -177,7 +209,22 @@ def _question_rows_uncached(spec: dict, base: Path):
     q = spec.get("question")
     declared = Question(**q) if q else Question(primary=keys[0], family=[])  # none declared: all exploratory
     names = {str(k): str(v) for k, v in (spec.get("names") or {}).items()}
-    t = question(df, spec["by"], spec["baseline"], keys, declared, names=names)
+    ck = json.dumps(sorted(map(str, df["run_dir"].unique())))
+    if ck not in _COUNTS:  # the evaluation sets' labels (the gate's constant predictor), from any record that kept them
+        _COUNTS[ck] = label_counts(list(df["run_dir"].unique()), also=[base])
+    t = question(df, spec["by"], spec["baseline"], keys, declared, names=names, counts=_COUNTS[ck])
+    if spec.get("sequential") and q:  # run in rounds: the primary's inference is the sequential rule's
+        state = _load(base / spec["sequential"] / "sequential.json")
+        results, design = sequential_results(df, spec["by"], spec["baseline"], q["primary"], state, names=names)
+        for a in state.get("arms", []):  # what the sweep decided while it ran must be what its records give now
+            value = str(a["arm"]).rsplit("=", 1)[-1]
+            r = results.get(names.get(value, value))
+            if r is None:
+                raise ReportError(f"{spec['sequential']}/sequential.json has arm {a['arm']!r}, which no record has")
+            if a.get("verdict") != r.verdict or a.get("seeds") != r.n:
+                raise ReportError(f"{spec['sequential']}/sequential.json: {a['arm']} {a.get('verdict')} at "
+                                  f"{a.get('seeds')} seeds, but its records give {r.verdict} at {r.n}")
+        t = apply_sequential(t, results, design)
     if not q:
         t["role"], t["verdict"], t["p_holm"] = "exploratory", "exploratory", float("nan")
     return t
@@ -186,17 +233,20 @@ def _question_rows_uncached(spec: dict, base: Path):
 def _compare_table(spec: dict, base: Path) -> str:
     """A sweep's arms against its baseline arm, one row per (metric, arm), paired on the pretraining seed (the unit):
     baseline and arm means over seeds, the difference with its 95% t interval over seeds, raw p (paired t) and, for
-    the metrics of the spec's declared ``question`` (primary + family), the Holm-adjusted p and the verdict by the
-    rules of :func:`mlmlab.stats.verdict` (every other metric: "exploratory"), n pairs, and the minimal detectable
-    difference at 80% power (exact noncentral t) with, in brackets, its range over the 95% interval of the sd it
-    uses. ``source`` may list several folders (two sweeps compared); ``where`` keeps the runs that match all its keys,
-    ``exclude`` entries leave out the runs that match all theirs (:func:`mlmlab.analysis.select`); ``names`` maps arm
-    values to what the table prints (a sampler's class path -> ``uniform``); ``sequential: <folder>``: the sweep ran in
-    rounds, and the primary metric's verdict is the sequential rule's (:func:`_sequential_words`)."""
+    the metrics of the spec's declared ``question`` (primary + family), the p adjusted over the whole question
+    (:func:`mlmlab.stats.adjust`: Holm over every hypothesis, or the declared gatekeeping order; a ``question_id``
+    shared with other tables pools theirs too) and the verdict by the rules of :func:`mlmlab.stats.verdict` with the
+    regime gate first (every other metric: "exploratory"), n pairs, and the minimal detectable difference at 80% power
+    (exact noncentral t) with, in brackets, its range over the 95% interval of the sd it uses. ``source`` may list
+    several folders (two sweeps compared); ``where`` keeps the runs that match all its keys, ``exclude`` entries leave
+    out the runs that match all theirs (:func:`mlmlab.analysis.select`); ``names`` maps arm values to what the table
+    prints (a sampler's class path -> ``uniform``); ``sequential: <folder>``: the sweep ran in rounds, and the primary
+    metric's rows carry the sequential rule's inference (:func:`_sequential_words`): the repeated CI at the look it
+    stopped, the stagewise-ordering p, and the design's power in place of the fixed-n MDD."""
     t = _question_rows(spec, base)
     fmts = {m["key"]: m for m in spec["metrics"]}
     said = {}
-    if spec.get("sequential") and spec.get("question"):  # the primary metric's verdicts: the sequential rule's
+    if spec.get("sequential") and spec.get("question"):  # the primary metric's rows: the sequential rule's inference
         primary = t[t["metric"] == spec["question"]["primary"]]
         scale = float(fmts[spec["question"]["primary"]].get("scale", 1))
         said = dict(zip(primary.index, _sequential_words(spec, base, primary,
@@ -207,39 +257,64 @@ def _compare_table(spec: dict, base: Path) -> str:
         label, scale, fmt = m.get("label", m["key"]), float(m.get("scale", 1)), m.get("fmt", ".3f")
         dg = _digits(fmt)
         rows.append([label, f"{r['baseline']} → {r['arm']}", _fmt(scale * r["baseline_mean"], fmt),
-                     _fmt(scale * r["arm_mean"], fmt), _effect(r, scale, dg), _fmt(r["p"], "p"),
-                     _fmt(r["p_holm"], "p"), str(int(r["n"])), _mdd_range(r, scale, dg),
-                     said.get(i, _say(r, scale))])
+                     _fmt(scale * r["arm_mean"], fmt), _effect(r, scale, dg), _p_cell(r),
+                     _fmt(r["p_holm"], "p"), str(int(r["n"])), _power_cell(r, scale, dg),
+                     said.get(i, _say(r, scale, dg))])
     return _md(["metric", f"`{spec['by']}`", "baseline", "arm", "arm - baseline (95% CI over seeds)", "p",
-                "p (Holm, family)", "seeds", "min. detectable (80% power) [sd range]", "verdict"], rows)
+                "p (adjusted over the question)", "seeds", "min. detectable (80% power) [sd range]", "verdict"], rows)
+
+
+def _sequential(r) -> bool:
+    """Whether a question row carries a sequential rule's inference (:func:`mlmlab.verdicts.apply_sequential`)."""
+    v = r.get("seq_verdict") if hasattr(r, "get") else None
+    return isinstance(v, str)
+
+
+def _p_cell(r) -> str:
+    return f"{_fmt(r['p'], 'p')} (stagewise)" if _sequential(r) else _fmt(r["p"], "p")
+
+
+def _power_cell(r, scale: float, dg: int) -> str:
+    """The fixed-n minimal detectable difference [sd range]; for a sequential row, the design's power from its own
+    boundaries at the margin and at the observed effect (a fixed-n MDD does not describe a sequential design)."""
+    if not _sequential(r):
+        return _mdd_range(r, scale, dg)
+    pm, po = r.get("power_margin"), r.get("power_observed")
+    margin = f"±{scale * r['delta']:g}" if r.get("delta") == r.get("delta") and r.get("delta") else "the margin"
+    return f"design power {_fmt(pm, '.2f')} at {margin}, {_fmt(po, '.2f')} at the observed effect"
 
 
 def _findings_table(spec: dict, base: Path, tables: dict) -> str:
     """The README's findings: per question (a ``compare`` table with a declared ``question``), each arm on the
-    primary metric -- the baseline arm's gain over random init over seeds (does pretraining pay there?), the
-    difference with its 95% t interval over seeds, raw / Holm p, seeds, the minimal detectable difference [sd range],
-    the seeds 80% power needs at the margin, and the verdict by the fixed rules."""
+    primary metric -- each arm's gain over random init over seeds (does pretraining pay there, and did the arm
+    learn?), the difference with its 95% t interval over seeds (a sequential sweep: the repeated CI at the look it
+    stopped), raw / adjusted p (sequential: the stagewise-ordering p), seeds, the minimal detectable difference [sd
+    range] and the seeds 80% power needs at the margin (sequential: the design's power), when the question was
+    declared, and the verdict by the fixed rules."""
     if spec.get("compact"):
         return _findings_compact(spec, base, tables)
     rows = []
     for row in spec["rows"]:
         part, m, scale, dg = _primary_rows(row, base, tables)
-        words = [_say(r, scale) for _, r in part.iterrows()]
+        over_name = row.get("gain_over") or "random init"
+        words = [_say(r, scale, dg, over_name) for _, r in part.iterrows()]
         if row.get("sequential"):
             words = _sequential_words(row, base, part, words)
         over = f" over {row['gain_over']}" if row.get("gain_over") else ""  # continued pretraining: over its start
         for (_, r), word in zip(part.iterrows(), words):
             gains = "; ".join(f"{r[side]}: {_interval(r[side + '_gain'], scale, dg)}" for side in ("baseline", "arm"))
             gains += over
+            seq = _sequential(r)
             rows.append([row["question"], f"`{row['sweep']}`", m.get("label", m["key"]), gains,
                          f"{r['arm']} - {r['baseline']}: {_effect(r, scale, dg)}",
-                         f"{_fmt(r['p'], 'p')} / {_fmt(r['p_holm'], 'p')}", str(int(r["n"])),
-                         _mdd_range(r, scale, dg),
-                         f"{_count(r['seeds_80'])} [{_count(r['seeds_80_high'])}]",
-                         f"**{word}**"])
+                         f"{_p_cell(r)} / {_fmt(r['p_holm'], 'p')}", str(int(r["n"])),
+                         _power_cell(r, scale, dg),
+                         "-" if seq else f"{_count(r['seeds_80'])} [{_count(r['seeds_80_high'])}]",
+                         _declared(row, base), f"**{word}**"])
     return _md(["question", "sweep", "primary metric", "each arm's gain over random init, or as said (95% CI over seeds)",
-                "effect (95% CI over seeds)", "p / Holm p", "seeds", "min. detectable [sd range]",
-                "seeds for 80% power at the margin [at the sd's upper 95% bound]", "verdict"], rows)
+                "effect (95% CI over seeds)", "p / adjusted p (over the question)", "seeds",
+                "min. detectable [sd range]", "seeds for 80% power at the margin [at the sd's upper 95% bound]",
+                "declared", "verdict"], rows)
 
 
 def _primary_rows(row: dict, base: Path, tables: dict):
@@ -256,13 +331,16 @@ def _primary_rows(row: dict, base: Path, tables: dict):
 
 def _findings_compact(spec: dict, base: Path, tables: dict) -> str:
     """``compact: true``: one row per question (the README's front door) -- the primary metric, the baseline arm's gain
-    over random init, each arm's effect with its Holm p, and the verdict (once, where every arm has the same)."""
+    over random init, each arm's effect with its adjusted p (a sequential sweep: the repeated CI and the
+    stagewise-ordering p), when the question was declared relative to its data, and the verdict (once, where every
+    arm has the same)."""
     rows = []
     for row in spec["rows"]:
         part, m, scale, dg = _primary_rows(row, base, tables)
-        effects = "; ".join(f"{r['arm']}: {_effect(r, scale, dg)}, Holm p {_fmt(r['p_holm'], 'p')}"
-                            for _, r in part.iterrows())
-        words = [_say(r, scale) for _, r in part.iterrows()]
+        effects = "; ".join(f"{r['arm']}: {_effect(r, scale, dg)}"
+                            + (f", stagewise p {_fmt(r['p'], 'p')}" if _sequential(r) else "")
+                            + f", adjusted p {_fmt(r['p_holm'], 'p')}" for _, r in part.iterrows())
+        words = [_say(r, scale, dg, row.get("gain_over") or "random init") for _, r in part.iterrows()]
         if row.get("sequential"):  # a sweep run in rounds: its arms were decided by the sequential rule
             words = _sequential_words(row, base, part, words)
         verdict = words[0] if len(set(words)) == 1 else "; ".join(f"{r['arm']}: {w}" for (_, r), w in
@@ -271,31 +349,48 @@ def _findings_compact(spec: dict, base: Path, tables: dict) -> str:
         over = f" over {row['gain_over']}" if row.get("gain_over") else ""  # continued pretraining: over its start
         rows.append([row["question"], f"`{row['sweep']}`", f"{m.get('label', m['key'])}, {int(first['n'])} seeds",
                      f"{first['baseline']}: {_interval(first['baseline_gain'], scale, dg)}{over}", effects,
-                     f"**{verdict}**"])
+                     _declared(row, base), f"**{verdict}**"])
     return _md(["question", "sweep", "primary metric", "baseline's gain over random init (or as said)",
-                "effect vs the baseline (95% CI over seeds)", "verdict"], rows)
+                "effect vs the baseline (95% CI over seeds; adjusted over the question)", "declared", "verdict"], rows)
+
+
+def _declared(row: dict, base: Path) -> str:
+    """When the question of a findings row was declared relative to its data (:mod:`mlmlab.provenance`, from the
+    committed ``docs/results/provenance.json``), and the declared arms that have no records."""
+    try:
+        from mlmlab import provenance
+    except ImportError:
+        return "-"
+    p = provenance.for_row(provenance.load(base.parent.parent), row)
+    return provenance.cell(p) if p is not None else "not recorded"
 
 
 def _sequential_words(row: dict, base: Path, part, words: list[str]) -> list[str]:
     """A findings row of a sequential sweep (``sequential: <folder under docs/results>``): each arm's verdict is the
-    group-sequential rule's from the sweep's ``sequential.json`` (the round and seeds it stopped at) -- unless the
-    baseline does not pay there, which comes first -- and the wall time from the first job's start to the last job's
-    end, from the jobs' records."""
+    one its question-adjusted stagewise-ordering p gives (the regime gate first), with where the rule stopped (look
+    and seeds) -- and, where the adjustment over the question undoes the rule's own decision, both -- and the wall
+    time from the first job's start to the last job's end, from the jobs' records."""
     import datetime
 
     folder = base / row["sequential"]
     s = _load(folder / "sequential.json")
-    by_value = {str(a["arm"]).rsplit("=", 1)[-1]: a for a in s["arms"]}
     out = []
     for (_, r), w in zip(part.iterrows(), words):
-        a = by_value.get(str(r["arm"]))
-        if a is None:
-            raise ReportError(f"{folder}/sequential.json has no arm {r['arm']!r} (it has {sorted(by_value)})")
-        out.append(w if w.startswith("not in a regime") else
-                   f"{a['verdict']} (sequential rule, round {a['round']} of {len(s['looks'])}, {a['seeds']} seeds)")
+        if not _sequential(r):
+            raise ReportError(f"{folder}/sequential.json has no arm {r['arm']!r}")
+        where = f"sequential rule stopped at look {int(r['look'])} of {int(r['looks'])}, {int(r['n'])} seeds"
+        gated = not (w.endswith(" better") or w.startswith(("equivalent", "inconclusive")))
+        if gated or r["seq_verdict"] in ("continue", "inconclusive"):
+            out.append(f"{w} ({where}: {r['seq_verdict']})")
+        elif w.startswith("inconclusive"):
+            out.append(f"{w} ({where}: {r['seq_verdict']} at the rule's own level, not after adjusting over the "
+                       "question)")
+        else:
+            out.append(f"{w} ({where})")
     stamp = lambda t: datetime.datetime.strptime(t, "%Y-%m-%dT%H:%M:%S%z").timestamp()  # noqa: E731
     recs = [_load(f) for f in sorted(folder.rglob("results.json"))]
     minutes = (max(stamp(r["finished_at"]) for r in recs) - min(stamp(r["started_at"]) for r in recs)) / 60
+    del s
     return [f"{w}; {len(recs)} jobs in {minutes // 60:.0f} h {minutes % 60:02.0f} min" for w in out]
 
 
@@ -305,8 +400,11 @@ def _interval(g, scale: float, dg: int) -> str:
 
 
 def _effect(r, scale: float, dg: int) -> str:
-    """A question row's difference with its interval over seeds."""
-    return _bracket(r["diff"], r["low"], r["high"], scale, dg)
+    """A question row's difference with its interval over seeds (a sequential row: the repeated CI at its look)."""
+    text = _bracket(r["diff"], r["low"], r["high"], scale, dg)
+    if _sequential(r):
+        text += f" (repeated CI, look {int(r['look'])} of {int(r['looks'])})"
+    return text
 
 
 def _mdd_range(r, scale: float, dg: int) -> str:
@@ -320,11 +418,23 @@ def _bracket(value: float, low: float, high: float, scale: float, dg: int, sign:
     return f"{_fmt(scale * value, f)} [{_fmt(scale * low, f)}, {_fmt(scale * high, f)}]"
 
 
-def _say(r, scale: float) -> str:
-    """The verdict with its margin in the table's units (1 point, not 0.01)."""
-    if str(r["verdict"]).startswith("equivalent"):
+def _say(r, scale: float, dg: int = 1, over: str = "random init") -> str:
+    """The verdict in the table's units (a margin of 1 point, not 0.01), with the numbers the regime gate read: the
+    arm's gain interval where it did not learn, the failing floor where the comparator is degenerate, the baseline's
+    gain where pretraining hurts."""
+    v = str(r["verdict"])
+    if v.startswith("equivalent"):
         return f"equivalent within ±{scale * r['delta']:g}"
-    return r["verdict"]
+    if v.endswith("did not learn (below random init)"):
+        return f"{r['arm']} did not learn ({_interval(r['arm_gain'], scale, dg)} below {over})"
+    if v == "pretraining hurts here":
+        return f"pretraining hurts here ({r['baseline']}: {_interval(r['baseline_gain'], scale, dg)} below {over})"
+    if v.startswith("degenerate comparator"):
+        bad = [f for f in (r.get("floors") or []) if not f.passed]
+        what = "; ".join(f"{f.what} {f.metric.rsplit('/', 1)[-1]} {_fmt(scale * f.value, f'.{dg}f')} vs "
+                         f"{_fmt(scale * f.floor, f'.{dg}f')} for a constant predictor" for f in bad[:2])
+        return f"{v} ({what})" if what else v
+    return v
 
 
 def _count(v) -> str:
@@ -454,6 +564,9 @@ def load_spec(root: Path) -> dict:
 
 
 def render(name: str, spec: dict, root: Path) -> str:
+    if _SPECS != spec:  # a question spanning several tables finds them here
+        _SPECS.clear()
+        _SPECS.update(spec)
     t = spec[name]
     base = root / SPEC.parent
     try:
@@ -492,6 +605,7 @@ def update(root: Path, check: bool = False) -> list[str]:
     spec is an error, and so is a spec no file uses."""
     spec = load_spec(root)
     _QUESTIONS.clear()  # the records may have changed since the last render in this process
+    _COUNTS.clear()
     used, changed = set(), []
     files = sorted({p for pat in DOCS for p in root.glob(pat)})
     for path in files:

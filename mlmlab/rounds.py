@@ -116,13 +116,20 @@ def arm_name(p: Plan, a: int) -> str:
 
 def state(p: Plan, k: int, results: dict[int, tuple[int, stats.SequentialResult]], jobs_run: int) -> dict:
     """The sweep's sequential state after round ``k`` (0-based), as written to ``sequential.json``: per arm its
-    decision (or ``continue``) and the round it was reached at."""
+    decision (or ``continue``), the round it was reached at, the repeated confidence interval at that look
+    (``low``/``high``, its nominal per-look ``level``), the look's ``boundary`` and paired ``t``, the
+    stagewise-ordering p (``p_stagewise``: null while the arm runs on or where it stopped for equivalence) and the
+    repeated p (``p_repeated``), both at the arm's alpha."""
+    def num(v: float) -> float | None:
+        return None if v is None or v != v else float(v)
+
     arms = []
     for a in range(1, len(p.arms)):
         rnd, r = results[a]
         iv = r.interval
         arms.append({"arm": arm_name(p, a), "verdict": r.verdict, "round": rnd, "seeds": r.n, "diff": iv.mean,
-                     "low": iv.low, "high": iv.high, "level": iv.level, "boundary": r.boundary})
+                     "low": iv.low, "high": iv.high, "level": iv.level, "boundary": r.boundary, "t": num(r.t),
+                     "p_stagewise": num(r.p_stagewise), "p_repeated": num(r.p_repeated)})
     return {"metric": p.question.primary, "baseline": arm_name(p, 0), "delta": p.question.delta,
             "alpha": p.question.alpha, "alpha_per_arm": p.alpha, "plan": asdict(p.question.sequential),
             "looks": list(p.looks), "seeds": p.seeds, "rounds_run": k + 1, "jobs_run": jobs_run,
@@ -142,13 +149,23 @@ def read_record(output_dir: Path) -> dict:
 
 
 def describe(s: dict) -> str:
-    """One line per arm: the decision, at which round and seed count, with the look's interval."""
+    """One line per arm: the decision, at which round and seed count, with the repeated confidence interval at that
+    look, its t, the stagewise-ordering p and the repeated p (a state written before those existed: without them)."""
     lines = [f"sequential rule on {s['metric']} against {s['baseline']}: {s['rounds_run']} round(s) of "
              f"{len(s['looks'])} (looks at {s['looks']} seeds), "
              + ("stopped" if s["stopped"] else "not settled yet")]
+    conf = f"{100 * (1 - s.get('alpha_per_arm', s.get('alpha', 0.05))):.3g}%"
+
+    def p(v) -> str:
+        return "-" if v is None else f"{v:.3g}"
+
     for a in s["arms"]:
-        lines.append(f"  {a['arm']}: {a['verdict']} at round {a['round']} ({a['seeds']} seeds): {a['diff']:+.4f} "
-                     f"[{a['low']:+.4f}, {a['high']:+.4f}] at level {a['level']:.4f}")
+        line = (f"  {a['arm']}: {a['verdict']} at round {a['round']} ({a['seeds']} seeds): {a['diff']:+.4f}, repeated "
+                f"{conf} CI [{a['low']:+.4f}, {a['high']:+.4f}] (level {a['level']:.4f} at this look)")
+        if "p_repeated" in a:
+            line += (f", t = {a['t']:+.3f}" if a.get("t") is not None else "") + \
+                    f", stagewise-ordering p = {p(a.get('p_stagewise'))}, repeated p = {p(a.get('p_repeated'))}"
+        lines.append(line)
     return "\n".join(lines)
 
 

@@ -277,3 +277,47 @@ def load_predictions(spec: str | Path) -> dict:
         raise NoRunsError(f"{path} not found: give a run dir of a job with downstream tasks (optionally "
                           "<dir>:random_init for its random-init arm)")
     return json.loads(path.read_text())
+
+
+def label_counts(run_dirs: Sequence[str | Path], also: Sequence[str | Path] = ()) -> dict[str, dict]:
+    """Per task (as the jobs name it, ``sst2@500``), how often each label occurs in the evaluation set its scores are
+    on, from the jobs' per-item predictions (``truth``): what the regime gate's constant predictor needs. Sentence
+    tasks only (token tasks' entity F1 has a floor of 0 whatever the labels). ``also``: further run dirs (or folders
+    of them) to look in for a task whose own runs kept no predictions -- a task's evaluation set is found there by its
+    base name, split and size. Tasks found nowhere are absent."""
+    from collections import Counter
+
+    def of(d: Path) -> dict[str, tuple]:
+        try:
+            preds = load_predictions(d)
+        except (NoRunsError, OSError, ValueError):
+            return {}
+        out = {}
+        for task, p in preds.items():
+            truth = p.get("truth") or []
+            if truth and not isinstance(truth[0], list):
+                out[task] = (p.get("split"), dict(Counter(map(str, truth))))
+        return out
+
+    found: dict[str, tuple] = {}
+    for d in run_dirs:
+        for task, v in of(Path(d)).items():
+            found.setdefault(task, v)
+    pool: dict[tuple, dict] = {}
+    for root in also:
+        for pred in sorted(Path(root).rglob("predictions/pretrained.json*")):
+            for task, (split, counts) in of(pred.parent.parent).items():
+                pool.setdefault((task.split("@")[0], split, sum(counts.values())), counts)
+    out = {task: counts for task, (_, counts) in found.items()}
+    for d in run_dirs:  # tasks these runs scored but kept no predictions of: their evaluation set found elsewhere
+        rec = Path(d) / "results.json"
+        if not rec.is_file():
+            continue
+        for task, info in (json.loads(rec.read_text()).get("downstream") or {}).items():
+            if task in out or not isinstance(info, dict):
+                continue
+            n = (info.get("n") or {}).get(info.get("reported_split", "test"))
+            hit = pool.get((task.split("@")[0], info.get("reported_split"), n))
+            if hit is not None:
+                out[task] = hit
+    return out

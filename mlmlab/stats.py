@@ -15,7 +15,9 @@ encoders that happened to be trained:
 * :func:`power`, :func:`seeds_for_power`, :func:`mdd` -- exact power of the paired t from the noncentral t, and the
   minimal detectable difference with the uncertainty of the sd it uses (:func:`mdd_range`);
 * :func:`sequential` -- a group-sequential paired t over pretraining seeds added in rounds (Lan-DeMets alpha spending,
-  boundaries calibrated on the pivotal null law of the look statistics) that ends a question as soon as it is settled;
+  boundaries calibrated on the pivotal null law of the look statistics) that ends a question as soon as it is settled,
+  with its sequential inference (the repeated confidence interval, the stagewise-ordering and repeated p-values) and,
+  by :func:`sequential_design`, its power and expected seeds through the same boundaries;
 * :func:`verdict` -- the fixed rules that turn the numbers into the words the README prints.
 
 Nothing else in mlmlab computes an interval or a p-value.
@@ -33,6 +35,7 @@ from scipy import integrate, optimize
 from scipy import stats as st
 
 ALPHA = 0.05
+CHANCE_MARGIN = 0.02  # the regime gate's default margin above the constant predictor (2 points of accuracy)
 
 # --------------------------------------------------------------------------------------------------- t intervals
 
@@ -115,12 +118,43 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return [float(v) for v in out]
 
 
+MULTIPLICITY = ("holm", "gatekeeping")
+
+
+def adjust(p: Sequence[float], p_equiv: Sequence[float], primary: Sequence[bool], method: str = "holm",
+           alpha: float = ALPHA) -> tuple[list[float], list[float]]:
+    """Adjust every hypothesis of one question together (all arms x all baselines x the primary and family metrics):
+    ``p`` (difference) and ``p_equiv`` (equivalence, nan where no margin) per hypothesis, ``primary`` whether it is on
+    the primary metric. ``holm``: one Holm step-down over all of them (differences and equivalences each their own
+    family of the same hypotheses). ``gatekeeping`` (serial): the primary hypotheses are Holm-adjusted among
+    themselves at ``alpha``; the family's are tested (Holm among themselves) only if every primary hypothesis was
+    decided (difference or equivalence adjusted p < alpha), else their adjusted p is 1. Both control the
+    family-wise error over the question."""
+    if method not in MULTIPLICITY:
+        raise ValueError(f"multiplicity={method!r}; allowed: {', '.join(MULTIPLICITY)}")
+    p, pe, prim = (np.asarray(x, dtype=float) for x in (p, p_equiv, primary))
+    if method == "holm":
+        return holm(p), holm(pe)
+    out_p, out_e = np.full(len(p), np.nan), np.full(len(p), np.nan)
+    first, rest = np.flatnonzero(prim.astype(bool)), np.flatnonzero(~prim.astype(bool))
+    out_p[first], out_e[first] = holm(p[first]), holm(pe[first])
+    decided = all((out_p[i] < alpha) or (out_e[i] < alpha) for i in first)
+    if decided:
+        out_p[rest], out_e[rest] = holm(p[rest]), holm(pe[rest])
+    else:
+        out_p[rest] = np.where(np.isnan(p[rest]), np.nan, 1.0)
+        out_e[rest] = np.where(np.isnan(pe[rest]), np.nan, 1.0)
+    return [float(v) for v in out_p], [float(v) for v in out_e]
+
+
 # ------------------------------------------------------------------------------------------------------- power
 
 
 def power(effect: float, sd: float, n: int, alpha: float = ALPHA) -> float:
     """Exact power of the two-sided one-sample (paired) t-test of ``n`` units at a true mean ``effect`` with unit std
-    ``sd``: the noncentral t with noncentrality ``effect * sqrt(n) / sd``."""
+    ``sd``: the noncentral t with noncentrality ``effect * sqrt(n) / sd``. Fixed-n: one look at ``n`` seeds. A
+    question run by the sequential rule has the power of :func:`sequential_design` (the same at a single look, lower
+    with several)."""
     if n < 2 or not sd > 0:
         return float("nan")
     df, nc = n - 1, abs(effect) * math.sqrt(n) / sd
@@ -221,6 +255,77 @@ def components(diffs: Sequence[float], within_sds: Sequence[float] = (), m: int 
     return Components(max(0.0, total - 2 * within / m) if math.isfinite(total) else float("nan"), within, m, len(d))
 
 
+def paired_components(diffs) -> Components:
+    """From a pilot whose two arms share their fine-tuning seeds: ``diffs``, shape (pretraining seeds, fine-tuning
+    seeds), the arm minus the baseline at each fine-tuning seed of each pretraining seed. ``within`` = half the mean
+    over pretraining seeds of the variance over fine-tuning seeds of these differences (one fine-tuning run's
+    variance, net of what a shared fine-tuning seed cancels); ``between`` = Var(row means) - 2 within / m, floored at
+    0 -- the same decomposition as :func:`components`, Var(diff) = between + 2 within / m."""
+    d = np.asarray(diffs, dtype=float)
+    if d.ndim != 2:
+        raise ValueError(f"paired_components: diffs has shape {d.shape}; expected (pretraining seeds, fine-tuning seeds)")
+    n, m = d.shape
+    total = float(d.mean(1).var(ddof=1)) if n > 1 else float("nan")
+    within = float(d.var(1, ddof=1).mean()) / 2 if m > 1 else 0.0
+    return Components(max(0.0, total - 2 * within / m) if math.isfinite(total) else float("nan"), within, m, n)
+
+
+def design_cost(n: int | None, m: int, c_pretrain: float, c_ft: float, c_shared: float = 0.0) -> float:
+    """What a paired design costs: ``n`` pretraining seeds, each ``c_pretrain`` (both arms' encoders) plus ``m``
+    fine-tuning seeds per encoder at ``c_ft`` a run, and ``m`` runs of ``c_shared`` once per pretraining seed (the
+    random-init comparator, shared by the arms). inf when ``n`` is None (no n reaches the power)."""
+    return math.inf if n is None else n * (c_pretrain + m * (2 * c_ft + c_shared))
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The cost-optimal paired design for a target power at ``effect``: ``m`` fine-tuning seeds per encoder (the
+    continuous optimum ``m_star`` rounded and checked against its neighbours), ``n`` pretraining seeds (None: above
+    ``n_max`` at every m checked), the per-seed difference's ``sd`` at that m, the exact ``power`` at (n, m), the
+    ``cost`` (:func:`design_cost`, the costs' unit) and each candidate checked as (m, n, cost)."""
+    m_star: float
+    m: int
+    n: int | None
+    sd: float
+    power: float
+    cost: float
+    effect: float
+    checked: tuple[tuple[int, int | None, float], ...] = ()
+
+
+def allocation(between: float, within: float, c_pretrain: float, c_ft: float, effect: float, alpha: float = ALPHA,
+               target: float = 0.8, m_max: int = 64, c_shared: float = 0.0, n_max: int = 1000) -> Allocation:
+    """Pretraining seeds vs fine-tuning seeds per encoder at the least cost for ``target`` power at a true
+    difference ``effect``, from the variance components of a pilot (``between``: pretraining seed x arm; ``within``:
+    one fine-tuning run -- :func:`components`) and the unit costs (``c_pretrain``: one pretraining seed, both arms;
+    ``c_ft``: one fine-tuning run; ``c_shared``: one run of the comparator, once per pretraining seed). A seed's
+    difference has variance between + 2 within / m and costs c_pretrain + m (2 c_ft + c_shared); their product is
+    least at the classic m* = sqrt(c_pretrain / (c_ft + c_shared / 2) * within / between) (inf when between is 0:
+    capped at ``m_max``). Rounding m* is not enough -- n is an integer, so the cost steps and a neighbour of m* can
+    be cheaper --: every m in 1..``m_max`` is given its exact n (:func:`seeds_for_power`, noncentral t) and the
+    cheapest is kept (ties: fewer fine-tuning seeds); ``checked`` holds the integers around m* (floor - 1 .. ceil + 1)
+    and the one kept."""
+    if not (math.isfinite(between) and between >= 0 and math.isfinite(within) and within >= 0):
+        raise ValueError(f"allocation: between={between}, within={within}; need finite variances >= 0")
+    if not (c_pretrain > 0 and c_ft > 0 and c_shared >= 0):
+        raise ValueError(f"allocation: costs c_pretrain={c_pretrain}, c_ft={c_ft}, c_shared={c_shared}; need > 0")
+    if between == 0 and within == 0:
+        raise ValueError("allocation: between and within are both 0; no variance to plan for")
+    ratio = c_pretrain / (c_ft + c_shared / 2)
+    m_star = math.inf if between == 0 else math.sqrt(ratio * within / between)
+    k = min(max(m_star, 1.0), float(m_max))
+    rows = []
+    for m in range(1, m_max + 1):
+        sd = math.sqrt(between + 2 * within / m)
+        n = seeds_for_power(effect, sd, target, alpha, n_max)
+        rows.append((m, n, design_cost(n, m, c_pretrain, c_ft, c_shared)))
+    best = min(rows, key=lambda r: (r[2], r[0]))
+    m, n, cost = best
+    sd = math.sqrt(between + 2 * within / m)
+    near = [r for r in rows if math.floor(k) - 1 <= r[0] <= math.ceil(k) + 1 or r == best]
+    return Allocation(m_star, m, n, sd, power(effect, sd, n, alpha) if n else float("nan"), cost, effect, tuple(near))
+
+
 # --------------------------------------------------------------------------------------------------- bootstrap
 
 
@@ -292,45 +397,171 @@ def spent(t: float, alpha: float = ALPHA, kind: str = "pocock") -> float:
     raise ValueError(f"spending={kind!r}; allowed: {', '.join(SPENDING)}")
 
 
-@functools.lru_cache(maxsize=64)
-def boundaries(looks: tuple[int, ...], alpha: float = ALPHA, kind: str = "pocock", draws: int = 200_000) -> tuple[float, ...]:
-    """Critical |t| at each look (number of pretraining seeds at that look) of a two-sided group-sequential paired t.
-    The t statistics of normal data are scale-free, so their joint null law is fixed by the look sizes: it is drawn
-    here (seeded, ``draws`` simulated sweeps) and each look's boundary set so that the chance of crossing by that look
-    is the spending function's (Lan-DeMets). Exact up to simulation error (about ±0.001 in alpha)."""
+@functools.lru_cache(maxsize=4)  # 20 bytes per draw and look: 16 MB for 4 looks at 200,000 draws
+def _null_looks(looks: tuple[int, ...], draws: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The null law of the look statistics, drawn once per look sizes: |t| of the paired t at each look of ``draws``
+    simulated sweeps of normal per-seed differences (seeded: :func:`boundaries`, :func:`stagewise_p` and
+    :func:`repeated_p` read the same draws), shape (looks, draws); each look's draws in decreasing |t| (``order``);
+    and minus those |t| in that order (ascending, for ``searchsorted``). The t statistics of normal data are
+    scale-free, so this law is fixed by the look sizes."""
     if list(looks) != sorted(set(looks)) or looks[0] < 2:
         raise ValueError(f"looks={looks}: increasing seed counts, the first >= 2")
     rng = np.random.default_rng(12345)
     z = rng.standard_normal((draws, looks[-1]))
-    alive = np.ones(draws, dtype=bool)
-    out, done = [], 0.0
-    for n in looks:
+    t = np.empty((len(looks), draws))
+    for j, n in enumerate(looks):
         x = z[:, :n]
-        t = np.abs(x.mean(1) / (x.std(1, ddof=1) / math.sqrt(n)))
-        target = spent(n / looks[-1], alpha, kind) - done  # the share of all sweeps that should first cross here
-        k = int(round(target * draws))
-        cand = np.sort(t[alive])[::-1]
-        c = float(cand[k - 1]) if 0 < k <= len(cand) else float("inf")
+        t[j] = np.abs(x.mean(1) / (x.std(1, ddof=1) / math.sqrt(n)))
+    order = np.argsort(-t, axis=1, kind="stable").astype(np.int32)
+    neg = -np.take_along_axis(t, order, axis=1)
+    for a in (t, order, neg):
+        a.flags.writeable = False
+    return t, order, neg
+
+
+def _crossings(looks: tuple[int, ...], alpha: float, kind: str, draws: int) -> tuple[tuple[float, ...], np.ndarray]:
+    """The boundaries at ``alpha`` and, per null draw, the look (0-based) at which it first crosses them (``len(looks)``
+    if never). At each look the boundary is the k-th largest |t| among the draws that have not crossed yet, k the
+    spending function's share of all draws less what earlier looks spent; found in a prefix of that look's draws in
+    decreasing |t| (at most the draws already crossed lie above it), so a boundary costs O(k), not O(draws)."""
+    t, order, _ = _null_looks(looks, draws)
+    never = len(looks)
+    first = np.full(draws, never, dtype=np.int16)
+    out, done, crossed = [], 0.0, 0
+    for j, n in enumerate(looks):
+        k = int(round((spent(n / looks[-1], alpha, kind) - done) * draws))  # the draws that should first cross here
+        c = float("inf")
+        if 0 < k <= draws - crossed:
+            top = order[j, :k + crossed]
+            alive = first[top] == never
+            i = int(np.searchsorted(np.cumsum(alive), k))  # the k-th draw not crossed yet
+            c = float(t[j, top[i]])
+            hit = top[:i + 1][alive[:i + 1]]  # |t| >= c among the alive (a continuous law: no ties)
+            first[hit] = j
+            crossed += len(hit)
+            done += len(hit) / draws
         out.append(c)
-        crossed = alive & (t >= c)
-        done += crossed.sum() / draws
-        alive &= ~crossed
-    return tuple(out)
+    return tuple(out), first
+
+
+@functools.lru_cache(maxsize=4096)
+def boundaries(looks: tuple[int, ...], alpha: float = ALPHA, kind: str = "pocock", draws: int = 200_000) -> tuple[float, ...]:
+    """Critical |t| at each look (number of pretraining seeds at that look) of a two-sided group-sequential paired t.
+    The t statistics of normal data are scale-free, so their joint null law is fixed by the look sizes: it is drawn
+    once (:func:`_null_looks`, seeded, ``draws`` simulated sweeps) and each look's boundary set so that the chance of
+    crossing by that look is the spending function's (Lan-DeMets). Exact up to simulation error (about ±0.001 in
+    alpha). The interval ``mean ± boundary * sd / sqrt(n)`` at a look is the repeated confidence interval (RCI): the
+    intervals of all looks cover the true difference together with probability 1 - alpha."""
+    return _crossings(tuple(looks), alpha, kind, draws)[0]
+
+
+@functools.lru_cache(maxsize=16)
+def _null_law(looks: tuple[int, ...], alpha: float, kind: str, draws: int) -> tuple[tuple[float, ...], np.ndarray]:
+    """Per look: the count of null draws that crossed at an earlier look, then, along that look's draws in decreasing
+    |t|, the running count of those that had not (shape (looks, draws + 1), a leading 0)."""
+    _, first = _crossings(looks, alpha, kind, draws)
+    _, order, _ = _null_looks(looks, draws)
+    before = tuple(int(np.count_nonzero(first < j)) for j in range(len(looks)))
+    alive = np.zeros((len(looks), draws + 1), dtype=np.int32)
+    for j in range(len(looks)):
+        np.cumsum(first[order[j]] >= j, out=alive[j, 1:])
+    alive.flags.writeable = False
+    return before, alive
+
+
+def stagewise_p(looks: Sequence[int], look: int, t, alpha: float = ALPHA, kind: str = "pocock",
+                draws: int = 200_000):
+    """The two-sided stagewise-ordering p-value of a sweep that ended at ``look`` (1-based) with paired t ``t`` (a
+    number or an array): P_null(crossing the boundaries at ``alpha`` at an earlier look) + P_null(not crossed before
+    ``look`` and |T_look| >= |t|), read off the same seeded null draws as :func:`boundaries`. It is at most ``alpha``
+    exactly when the rule crossed at that look (up to 1/draws), and at the last look at least what the earlier looks
+    spent. Defined where the sweep stopped by crossing or reached its last look; an equivalence stop is not ranked
+    by this ordering (the boundaries ignore it) and a sweep still running has no final p."""
+    looks = tuple(int(n) for n in looks)
+    _, _, neg = _null_looks(looks, draws)
+    before, alive = _null_law(looks, alpha, kind, draws)
+    j = look - 1
+    a = np.abs(np.asarray(t, dtype=float))
+    count = np.searchsorted(neg[j], -a, side="right")  # the draws with |T_look| >= |t|
+    p = (before[j] + alive[j, count]) / draws
+    p = np.where(np.isnan(a), np.nan, p)
+    return float(p) if p.ndim == 0 else p
+
+
+_ALPHA_GRID = np.linspace(math.log(1e-7), 0.0, 481)  # log alpha: the nodes of repeated_p's table (ratio 1.034)
+
+
+@functools.lru_cache(maxsize=16)
+def _repeated_table(looks: tuple[int, ...], kind: str, draws: int) -> np.ndarray:
+    """The boundary at each look (rows) for each alpha of ``_ALPHA_GRID`` (columns), non-increasing in alpha."""
+    c = np.array([_crossings(looks, float(math.exp(x)), kind, draws)[0] for x in _ALPHA_GRID]).T
+    c = np.minimum.accumulate(c, axis=1)  # monotone as it should be (a simulated law may wiggle by a draw)
+    c.flags.writeable = False
+    return c
+
+
+def repeated_p(looks: Sequence[int], look: int, t, kind: str = "pocock", draws: int = 200_000, bisect: bool = False):
+    """The repeated p-value at ``look`` (1-based) of a paired t ``t`` (a number or an array): the smallest alpha at
+    which the repeated confidence interval at that look, ``mean ± boundaries(looks, alpha)[look - 1] * sd /
+    sqrt(n)``, excludes 0. Valid at any look, whether or not the sweep stopped there (the RCIs of all looks hold
+    together). The boundary falls as alpha grows; it is tabulated once per looks and spending at 481 alphas from 1e-7
+    to 1 (log-spaced, cached; 0.1-0.6 s once) and the p interpolated in log alpha between the two nodes around |t|
+    (within 0.5% of the bisection above p = 0.01, 2% below it: less than the simulation error of the boundaries
+    themselves; ``bisect=True``: bisection over log alpha on the boundary itself, to 1e-6, about 10 ms a value). 1
+    where no alpha <= 1 excludes 0; 1e-7 is the smallest value it reports."""
+    looks = tuple(int(n) for n in looks)
+    a = np.abs(np.asarray(t, dtype=float))
+    if bisect:
+        p = np.vectorize(lambda v: _repeated_bisect(looks, look, float(v), kind, draws), otypes=[float])(a)
+        return float(p) if p.ndim == 0 else p
+    c = _repeated_table(looks, kind, draws)[look - 1]
+    i = np.searchsorted(-c, -a, side="left")  # the first node whose boundary is <= |t|
+    lo, hi = np.maximum(i - 1, 0), np.minimum(i, len(c) - 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        w = np.where(np.isfinite(c[lo]) & (i > 0), (c[lo] - a) / (c[lo] - c[hi]), 1.0)
+    p = np.exp(_ALPHA_GRID[lo] + np.clip(w, 0.0, 1.0) * (_ALPHA_GRID[hi] - _ALPHA_GRID[lo]))
+    p = np.where(i >= len(c), 1.0, np.where(np.isnan(a), np.nan, p))
+    return float(p) if p.ndim == 0 else p
+
+
+def _repeated_bisect(looks: tuple[int, ...], look: int, a: float, kind: str, draws: int, tol: float = 1e-6) -> float:
+    if math.isnan(a):
+        return float("nan")
+
+    def excludes(log_alpha: float) -> bool:
+        return _crossings(looks, math.exp(log_alpha), kind, draws)[0][look - 1] <= a
+
+    lo, hi = float(_ALPHA_GRID[0]), 0.0
+    if not excludes(hi):
+        return 1.0
+    if excludes(lo):
+        return math.exp(lo)
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if excludes(mid) else (mid, hi)
+    return math.exp(hi)
 
 
 @dataclass
 class SequentialPlan:
     """``analysis.sequential`` of a sweep: pretraining seeds added ``round`` at a time up to ``max_seeds`` (null: no
-    sequential rule, the sweep's seeds as listed); the first look at ``first`` seeds (default: ``round``, at least
-    2); ``spending``: the Lan-DeMets alpha-spending function."""
+    sequential rule, the sweep's seeds as listed); the first look at ``first`` seeds (default: ``round``) but never
+    below ``min_seeds`` (capped at ``max_seeds``): a look at 2 seeds has a boundary of |t| ~ 35 under Pocock
+    spending, so it practically never stops, yet spends alpha. ``spending``: the Lan-DeMets alpha-spending function.
+    Records written before ``min_seeds`` existed ran with ``min_seeds=2`` (:func:`mlmlab.tables.declared_question`
+    rebuilds that plan for them)."""
     max_seeds: int | None = None
     round: int = 2
     first: int | None = None
     spending: str = "pocock"
+    min_seeds: int = 4
 
     def __post_init__(self):
         if self.spending not in SPENDING:
             raise ValueError(f"analysis.sequential.spending={self.spending!r}; allowed: {', '.join(SPENDING)}")
+        if not (isinstance(self.min_seeds, int) and self.min_seeds >= 2):
+            raise ValueError(f"analysis.sequential.min_seeds={self.min_seeds}; allowed: an integer >= 2 (a t needs "
+                             "2 seeds; 4 by default)")
         if self.max_seeds is None:
             return
         if self.round < 1 or self.max_seeds < 2 or (self.first or 2) < 2 or (self.first or 0) > self.max_seeds:
@@ -344,51 +575,124 @@ class SequentialPlan:
     def looks(self) -> tuple[int, ...]:
         if self.max_seeds is None:
             raise ValueError("analysis.sequential.max_seeds is null: no sequential rule declared")
-        first = self.first or max(2, self.round)
+        first = min(max(self.first or self.round, self.min_seeds), self.max_seeds)
         seq = list(range(first, self.max_seeds + 1, self.round))
         return tuple(seq if seq[-1] == self.max_seeds else [*seq, self.max_seeds])
 
 
 @dataclass(frozen=True)
 class SequentialResult:
+    """Where the group-sequential rule stands on one arm: the ``verdict``, the ``look`` (1-based) and seeds ``n`` it
+    ended at (or the current look), ``interval`` -- the repeated confidence interval (RCI) at that look,
+    ``mean ± boundary * sd / sqrt(n)``, whose ``level`` is its nominal per-look level and whose ``p`` is the
+    stagewise-ordering p (never a fixed-n p) --, the look's critical |t| ``boundary``, its paired t ``t`` (signed),
+    ``p_stagewise`` (:func:`stagewise_p`; nan while the sweep continues or where it stopped for equivalence),
+    ``p_repeated`` (:func:`repeated_p`: the smallest alpha whose RCI at this look excludes 0) and the plan's
+    ``looks``."""
     verdict: str  # "better" | "worse" | "equivalent" | "continue" | "inconclusive"
     look: int  # 1-based look at which it ended (or the current one)
     n: int
-    interval: Interval  # the look's interval, at the look's nominal level
+    interval: Interval  # the repeated confidence interval at the look
     boundary: float
+    t: float = float("nan")
+    p_stagewise: float = float("nan")
+    p_repeated: float = float("nan")
+    looks: tuple[int, ...] = ()
 
 
 def sequential(diffs: Sequence[float], plan: SequentialPlan, delta: float | None = None,
                higher_is_better: bool = True, alpha: float = ALPHA) -> SequentialResult:
     """Run the group-sequential paired t over ``diffs`` (arm minus baseline per pretraining seed, in the order the
-    seeds were run) and return the first decision: ``better`` / ``worse`` (the look's interval excludes 0, the
-    boundary at that look), ``equivalent`` (the look's interval lies within ``±delta``), ``continue`` (the data end
-    before the last look) or ``inconclusive`` (the last look reached undecided)."""
+    seeds were run) and return the first decision: ``better`` / ``worse`` (the repeated confidence interval at the
+    look excludes 0: |t| >= the look's boundary), ``equivalent`` (the RCI lies within ``±delta``), ``continue`` (the
+    data end before the last look) or ``inconclusive`` (the last look reached undecided). What a decision reports is
+    sequential inference at ``alpha``: the RCI at the look it stopped, the stagewise-ordering p (final: defined at a
+    crossing or at the last look) and the repeated p; the fixed-n t interval and p of the same seeds are not valid
+    after looking, and are not returned."""
     looks = plan.looks()
     bounds = boundaries(looks, alpha, plan.spending)
     d = np.asarray(diffs, dtype=float)
-    result = None
+
+    def at(k: int, verdict: str) -> SequentialResult:
+        n, c = looks[k - 1], bounds[k - 1]
+        x = d[:n]
+        sd, mean = float(x.std(ddof=1)), float(x.mean())
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = float(np.float64(mean) / (sd / math.sqrt(n))) if mean or sd else 0.0
+        final = verdict in ("better", "worse", "inconclusive")
+        p_sw = stagewise_p(looks, k, t, alpha, plan.spending) if final else float("nan")
+        level = 1 - 2 * float(st.t.sf(c, n - 1)) if math.isfinite(c) else 1.0
+        iv = Interval(mean, sd, n, c * sd / math.sqrt(n), p_sw, level)
+        p_rep = repeated_p(looks, k, t, plan.spending)
+        if (p_rep <= alpha) != (abs(t) >= c):  # the table's interpolation on the wrong side of alpha: bisect
+            p_rep = repeated_p(looks, k, t, plan.spending, bisect=True)
+        return SequentialResult(verdict, k, n, iv, c, t, p_sw, p_rep, looks)
+
+    last = 0
     for k, (n, c) in enumerate(zip(looks, bounds), start=1):
         if len(d) < n:
             break
+        last = k
         x = d[:n]
-        sd = float(x.std(ddof=1))
-        mean = float(x.mean())
-        half = c * sd / math.sqrt(n)
-        level = 1 - 2 * float(st.t.sf(c, n - 1)) if math.isfinite(c) else 1.0
-        iv = Interval(mean, sd, n, half, float(2 * st.t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1)) if sd > 0 else 0.0,
-                      level)
-        result = SequentialResult("continue", k, n, iv, c)
-        if iv.low > 0 or iv.high < 0:
-            up = iv.low > 0
-            return SequentialResult("better" if up == higher_is_better else "worse", k, n, iv, c)
-        if delta and -delta < iv.low and iv.high < delta:
-            return SequentialResult("equivalent", k, n, iv, c)
+        mean, half = float(x.mean()), c * float(x.std(ddof=1)) / math.sqrt(n)
+        if mean - half > 0 or mean + half < 0:
+            return at(k, "better" if (mean - half > 0) == higher_is_better else "worse")
+        if delta and -delta < mean - half and mean + half < delta:
+            return at(k, "equivalent")
         if k == len(looks):
-            return SequentialResult("inconclusive", k, n, iv, c)
-    if result is None:
-        return SequentialResult("continue", 0, len(d), mean_interval(d), float("nan"))
-    return result
+            return at(k, "inconclusive")
+    if last == 0:  # fewer seeds than the first look: nothing to infer yet
+        iv = mean_interval(d)
+        return SequentialResult("continue", 0, len(d), Interval(iv.mean, iv.sd, iv.n, float("nan")), float("nan"),
+                                looks=looks)
+    return at(last, "continue")
+
+
+@dataclass(frozen=True)
+class SequentialDesign:
+    """The operating characteristics of a group-sequential rule at a true mean difference ``effect`` with per-seed
+    sd ``sd``: ``power`` (the chance of a correct-sign better/worse decision; at ``effect`` 0, of any such call: the
+    type-I error), ``expected_seeds`` (the mean number of pretraining seeds per arm the sweep runs), ``stop_by_look``
+    (the chance it has stopped with a decision by each look; the last entry is the chance of any decision)."""
+    power: float
+    expected_seeds: float
+    stop_by_look: tuple[float, ...]
+    looks: tuple[int, ...]
+    effect: float
+    sd: float
+
+
+def sequential_design(looks: Sequence[int], effect: float, sd: float, alpha: float = ALPHA, kind: str = "pocock",
+                      draws: int = 20_000, seed: int = 0, delta: float | None = None) -> SequentialDesign:
+    """Power and expected seeds of the group-sequential paired t (:func:`sequential`) at ``looks``, by seeded
+    simulation of ``draws`` sweeps of normal per-seed differences (mean ``effect``, sd ``sd``) through the same
+    boundaries (:func:`boundaries`); equivalence stops within ``±delta`` only where ``delta`` is given (they end a
+    sweep early and can only lower the power). Its fixed-n counterpart is :func:`power`, the noncentral t of one
+    look at ``n`` seeds: at a single look the two agree (up to Monte-Carlo error); with several looks the rule's
+    power is lower than the fixed-n power at the last look's seeds (early looks spend part of alpha, and at a few
+    seeds the t boundaries are steep: 0.51 against 0.68 at 1 sd with looks at 4, 6, 8 seeds, Pocock), and it runs
+    fewer seeds on average where the effect is large. Planning a sequential question reads this, not
+    :func:`power`, :func:`mdd` or :func:`seeds_for_power`. Monte-Carlo error: about
+    sqrt(p (1 - p) / draws) (0.003 at 20,000 draws)."""
+    looks = tuple(int(n) for n in looks)
+    if not (math.isfinite(sd) and sd > 0 and math.isfinite(effect)):
+        return SequentialDesign(float("nan"), float("nan"), (float("nan"),) * len(looks), looks, effect, sd)
+    bounds = boundaries(looks, alpha, kind)
+    x = np.random.default_rng(seed).normal(effect, sd, (draws, looks[-1]))
+    code = np.zeros(draws, dtype=np.int8)  # 0 running, +1 an RCI above 0, -1 below, 2 equivalent
+    stop = np.full(draws, len(looks))  # the look (0-based) it stopped at with a decision
+    for j, (n, c) in enumerate(zip(looks, bounds)):
+        m, s = x[:, :n].mean(1), x[:, :n].std(1, ddof=1)
+        half = c * s / math.sqrt(n)
+        run = code == 0
+        up, down = run & (m - half > 0), run & (m + half < 0)
+        eq = run & ~up & ~down & ((-delta < m - half) & (m + half < delta) if delta else False)
+        code[up], code[down], code[eq] = 1, -1, 2
+        stop[up | down | eq] = j
+    power = np.mean(code == np.sign(effect)) if effect else np.mean(np.abs(code) == 1)
+    n_run = np.asarray([*looks, looks[-1]])[stop]
+    by_look = tuple(float(np.mean(stop <= j)) for j in range(len(looks)))
+    return SequentialDesign(float(power), float(n_run.mean()), by_look, looks, effect, sd)
 
 
 # ----------------------------------------------------------------------------------------------------- verdicts
@@ -405,10 +709,17 @@ class Question:
     delta: float | None = None
     alpha: float = ALPHA
     sequential: SequentialPlan = field(default_factory=SequentialPlan)
+    multiplicity: str = "holm"  # holm: every hypothesis of the question together; gatekeeping: primary first
+    chance_margin: float = CHANCE_MARGIN  # the gate: baseline and comparator above the constant predictor by this
 
     def __post_init__(self):
         if self.delta is not None and not self.delta > 0:
             raise ValueError(f"analysis.delta={self.delta}; allowed: a margin > 0 (or null)")
+        if self.multiplicity not in MULTIPLICITY:
+            raise ValueError(f"analysis.multiplicity={self.multiplicity!r}; allowed: {', '.join(MULTIPLICITY)}")
+        if not (isinstance(self.chance_margin, (int, float)) and 0 <= self.chance_margin < 1):
+            raise ValueError(f"analysis.chance_margin={self.chance_margin}; allowed: [0, 1) on the primary metric's "
+                             "scale (0.02 = 2 points of accuracy)")
         if not 0 < self.alpha < 1:
             raise ValueError(f"analysis.alpha={self.alpha}; allowed: (0, 1)")
         if self.family and self.primary is None:
@@ -450,13 +761,21 @@ NOT_PAYING = "not in a regime where pretraining pays"
 
 def verdict(diff: Interval, p_adj: float, p_equiv_adj: float = float("nan"), arm: str = "arm",
             baseline: str = "baseline", metric: str = "", delta: float | None = None, alpha: float = ALPHA,
-            pays: bool | None = True) -> str:
-    """The verdict of one comparison on pretraining seeds, from its family-adjusted p-values:
-    ``pays`` False (the baseline arm does not beat random init on this metric) -> "not in a regime where pretraining
-    pays"; Holm-adjusted paired-t p < alpha -> "<the better arm> better"; Holm-adjusted equivalence (TOST) p < alpha
-    -> "equivalent within ±delta"; otherwise "inconclusive at <n> seeds"."""
-    if pays is False:
+            pays: bool | None = True, reading: str | None = None) -> str:
+    """The verdict of one comparison on pretraining seeds, from its question-adjusted p-values. The regime gate
+    (:func:`gate`) comes first: ``reading`` "degenerate" -> "degenerate comparator at this label budget"; "hurts" ->
+    "pretraining hurts here"; "not_paying" (or ``pays`` False) -> "not in a regime where pretraining pays";
+    "arm_below" -> "<arm> did not learn (below random init)". Then the comparison: adjusted paired-t p < alpha ->
+    "<the better arm> better"; adjusted equivalence (TOST) p < alpha -> "equivalent within ±delta"; otherwise
+    "inconclusive at <n> seeds"."""
+    if reading == "degenerate":
+        return GATE_DEGENERATE
+    if reading == "hurts":
+        return GATE_HURTS
+    if reading == "not_paying" or pays is False:
         return NOT_PAYING
+    if reading == "arm_below":
+        return f"{arm} did not learn (below random init)"
     if diff.n >= 2 and p_adj < alpha:
         up = diff.mean > 0
         return f"{arm if up == higher_is_better(metric) else baseline} better"
@@ -465,8 +784,74 @@ def verdict(diff: Interval, p_adj: float, p_equiv_adj: float = float("nan"), arm
     return f"inconclusive at {diff.n} seeds"
 
 
-def pays(gains: Sequence[float], level: float = 0.95) -> bool | None:
-    """Whether an arm beats random init over its pretraining seeds: the t interval of its per-seed gains lies above 0
-    (None below 2 seeds)."""
+def pays(gains: Sequence[float], threshold: float = 0.0, level: float = 0.95) -> bool | None:
+    """**The** rule that says pretraining pays (the findings' regime gate and the time-to-pay tables both use it): the
+    t interval over pretraining seeds of the per-seed gains over the comparator (random init, or the start of a
+    continued pretraining) lies above ``threshold`` (None below 2 seeds). Each seed's own interval over its
+    fine-tuning seeds is conditional on that encoder: shown as a description, never part of the rule."""
     iv = mean_interval(gains, level)
-    return None if iv.n < 2 else bool(iv.low > 0)
+    return None if iv.n < 2 else bool(iv.low > threshold)
+
+
+def hurts(gains: Sequence[float], level: float = 0.95) -> bool:
+    """Pretraining hurts: the t interval over pretraining seeds of the per-seed gains lies below 0."""
+    iv = mean_interval(gains, level)
+    return iv.n >= 2 and bool(iv.high < 0)
+
+
+def constant_predictor(counts: dict, metric: str) -> float:
+    """The best score a constant predictor reaches on an evaluation set whose labels occur ``counts`` times (label ->
+    count): accuracy = the majority class's share; macro-F1 = max over classes c of 2 p_c / (1 + p_c) / K (F1 of the
+    predicted class, 0 for the other K - 1); an entity F1 (token tasks) = 0. ``metric``: acc | f1 | entity_f1 | ..."""
+    name = metric.rsplit("/", 1)[-1]
+    if name in ("entity_f1", "span_f1", "seqeval_f1"):
+        return 0.0
+    n = float(sum(counts.values()))
+    if not n:
+        return float("nan")
+    share = max(counts.values()) / n
+    if name == "acc":
+        return share
+    if name == "f1":
+        return 2 * share / (1 + share) / len(counts)
+    return float("nan")
+
+
+GATE_DEGENERATE = "degenerate comparator at this label budget"
+GATE_HURTS = "pretraining hurts here"
+@dataclass(frozen=True)
+class Floor:
+    """One chance-floor check: ``what`` (the baseline arm or the comparator) on ``metric`` scores ``value`` (its mean
+    over pretraining seeds) against the constant predictor's ``floor``; it passes at ``floor + margin`` or above."""
+    what: str
+    metric: str
+    value: float
+    floor: float
+    margin: float
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.value >= self.floor + self.margin) if math.isfinite(self.floor) else True
+
+
+def gate(baseline_gains: Sequence[float], arm_gains: Sequence[float] = (), floors: Sequence[Floor] = ()) -> str | None:
+    """The regime gate of one comparison, on the metric the question is decided on, in this order:
+
+    1. the baseline arm or the comparator (random init / the start) does not beat the constant (majority-class)
+       predictor by the declared margin on the metric (and on macro-F1 where the task has one): ``"degenerate"``;
+    2. the baseline's gains over the comparator lie below 0 over pretraining seeds: ``"hurts"``;
+    3. the baseline does not pay (:func:`pays`; fewer than 2 seeds: unknown, treated as not paying): ``"not_paying"``;
+    4. the arm's gains lie below 0 (:func:`hurts`): ``"arm_below"`` -- the arm did not learn, so a difference from
+       the baseline says nothing about masking;
+    otherwise None: the comparison decides. ``baseline_gains`` empty: no comparator recorded, no gate (None)."""
+    if not len(baseline_gains):
+        return None
+    if any(not f.passed for f in floors):
+        return "degenerate"
+    if hurts(baseline_gains):
+        return "hurts"
+    if not pays(baseline_gains):
+        return "not_paying"
+    if len(arm_gains) and hurts(arm_gains):
+        return "arm_below"
+    return None

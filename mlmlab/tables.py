@@ -143,27 +143,36 @@ def compare(df: pd.DataFrame, by: str, baseline, metric: str = DEFAULT_METRIC, p
 
 
 def question(df: pd.DataFrame, by: str, baseline, metrics: str | Sequence[str], declared=None, pair_on: str = "seed",
-             names: dict | None = None) -> pd.DataFrame:
+             names: dict | None = None, counts: dict | None = None, also: Sequence = ()) -> pd.DataFrame:
     """Every arm of ``by`` against ``baseline`` on every metric, paired on the pretraining seed, with the declared
-    question's family-adjusted p-values and verdicts (:func:`mlmlab.verdicts.question_table`; ``declared``: a
-    :class:`mlmlab.stats.Question`, default :func:`declared_question` of the runs)."""
+    question's adjusted p-values, the regime gate and verdicts (:func:`mlmlab.verdicts.question_table`; ``declared``:
+    a :class:`mlmlab.stats.Question`, default :func:`declared_question` of the runs). The gate's constant predictor
+    reads each task's evaluation labels: ``counts`` (task -> {label: count}), else the runs' own per-item predictions
+    (:func:`mlmlab.runs.label_counts`, with ``also``: more folders to find a task's labels in)."""
+    from mlmlab.runs import label_counts
     from mlmlab.verdicts import question_table
 
     by, pair_on = _columns(df, by)[0], _columns(df, pair_on)[0]
     metrics = _columns(df, metrics)
     for m in metrics:
         _one_run_per_pair(df, by, m, pair_on)
-    return question_table(df, by, baseline, metrics, declared or declared_question(df), pair_on, names)
+    if counts is None and "run_dir" in df.columns:
+        counts = label_counts([d for d in df["run_dir"].dropna().unique()], also)
+    return question_table(df, by, baseline, metrics, declared or declared_question(df), pair_on, names, counts)
 
 
 def plan(df: pd.DataFrame, by: str, baseline, metric: str, effect: float, pair_on: str = "seed",
-         power: float = 0.8) -> pd.DataFrame:
-    """The pretraining seeds a question needs, from a pilot sweep (:func:`mlmlab.verdicts.plan_table`)."""
+         power: float = 0.8, question=None) -> pd.DataFrame:
+    """The pretraining seeds a question needs and their cost-optimal allocation, from a pilot sweep
+    (:func:`mlmlab.verdicts.plan_table`); ``question`` (:func:`declared_question`): its alpha and sequential rule."""
     from mlmlab.verdicts import plan_table
 
     by, metric, pair_on = _columns(df, by)[0], _columns(df, metric)[0], _columns(df, pair_on)[0]
     _one_run_per_pair(df, by, metric, pair_on)
-    return plan_table(df, by, baseline, metric, effect, pair_on, power)
+    q = question or stats.Question()
+    primary = metric == q.primary  # the sequential rule and the margin are the primary metric's
+    return plan_table(df, by, baseline, metric, effect, pair_on, power, q.alpha,
+                      q.sequential if primary and q.sequential.enabled else None, q.delta if primary else None)
 
 
 def _one_run_per_pair(df: pd.DataFrame, by: str, metric: str, pair_on: str) -> None:
@@ -279,7 +288,10 @@ def compare_items(a: dict, b: dict, level: float = 0.95, n_resamples: int = 1000
 
 
 def declared_question(df: pd.DataFrame, primary=None, family=None, delta=None):
-    """The question the runs' sweep declared (``analysis.*`` in their config), overridden by what is given."""
+    """The question the runs' sweep declared (``analysis.*`` in their config), overridden by what is given. Records
+    that declare ``analysis.sequential.*`` without ``min_seeds`` were written before it existed and ran their first
+    look at ``first or max(2, round)`` seeds: their plan is rebuilt with ``min_seeds=2``, so re-analysing such a
+    sweep reproduces its looks."""
     from mlmlab.stats import Question
 
     def one(key):
@@ -293,5 +305,11 @@ def declared_question(df: pd.DataFrame, primary=None, family=None, delta=None):
     fam = family if family is not None else list(one("family") or [])
     seq = {k: one(f"sequential.{k}") for k in ("max_seeds", "round", "first", "spending")}
     seq = {k: (int(v) if k != "spending" else v) for k, v in seq.items() if v is not None and v == v}
+    min_seeds = one("sequential.min_seeds")
+    if seq and (min_seeds is None or min_seeds != min_seeds):
+        seq["min_seeds"] = 2  # a record from before min_seeds: its looks started at first or max(2, round)
+    elif seq:
+        seq["min_seeds"] = int(min_seeds)
+    extra = {k: v for k in ("multiplicity", "chance_margin") if (v := one(k)) is not None and v == v}
     return Question(primary=primary or one("primary"), family=fam,
-                    delta=delta if delta is not None else one("delta"), sequential=seq or None)
+                    delta=delta if delta is not None else one("delta"), sequential=seq or None, **extra)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -140,13 +141,40 @@ def _run(cfg: DictConfig, job: Job) -> dict[str, float]:
     metrics.update(evaluate(p, dm, masking.extra_val, lambda val: datamodule(c.data, c.seed, data, val), record))
     if not p.trainer.is_global_zero:
         return metrics
-    metrics.update(downstream(proto, job, data, encoder_cfg, module, trainer_kw, w))
+    lean = declared_protocols(proto, c.analysis)
+    metrics.update(downstream(lean.encoder, job, data, encoder_cfg, module, trainer_kw, w))
+    if lean.skipped:
+        record.data["downstream"]["skipped"] = lean.skipped
     if proto.ds.random_init_baseline and proto.ds.tasks:  # with init.*: the start (gain/) and random init (gain_init/)
-        metrics.update(random_init_baseline(proto, c.data, c.paths.cache_dir, trainer_kw, data.tok, encoder_cfg,
-                                            metrics, record, c.seed, start=start))
+        metrics.update(random_init_baseline(lean.comparator, c.data, c.paths.cache_dir, trainer_kw, data.tok,
+                                            encoder_cfg, metrics, record, c.seed, start=start))
     save_predictions(out_dir, record)
     log.info("metrics: %s", {k: round(v, 4) for k, v in metrics.items() if "seed_" not in k})
     return metrics
+
+
+@dataclass(frozen=True)
+class LeanProtocols:
+    """The downstream protocols of a job with a declared question (``downstream.only_declared``): the pretrained
+    encoder's, the random-init comparator's, and the record of what they leave out (None: nothing)."""
+    encoder: Protocol
+    comparator: Protocol
+    skipped: dict | None
+
+
+def declared_protocols(proto: Protocol, question) -> LeanProtocols:
+    """``downstream.only_declared`` with ``analysis.primary`` set (:meth:`mlmlab.config.DownstreamConfig.declared`):
+    the label budgets no declared metric reads are not fine-tuned, the comparator only where the regime gate reads it
+    -- logged in one line; results.json ``downstream.skipped`` holds the record."""
+    from mlmlab.downstream import Protocol
+
+    d = proto.ds.declared(question.primary, question.family)
+    if d.skipped:
+        log.info("downstream: only what the question declares (downstream.only_declared=false: everything): %s",
+                 "; ".join(f"label budgets {d.skipped['budgets']} not fine-tuned" if k == "budgets" else
+                           f"random init at {v['tasks']} x {v['max_train_examples']} only" for k, v in d.skipped.items()
+                           if k in ("budgets", "random_init")))
+    return LeanProtocols(Protocol(d.encoder, proto.src), Protocol(d.comparator, proto.src), d.skipped)
 
 
 def init_start(cfg: DictConfig, job: Job):

@@ -274,36 +274,125 @@ def test_findings_table_states_the_regime_before_comparing(repo: Path):
     row = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| q1"))
     assert "not in a regime" not in row and row.endswith(("**0.4 better** |", "**inconclusive at 3 seeds** |"))
     (repo / "docs" / "results" / "tables.yaml").write_text(spec.replace("kind: findings", "kind: findings\n  compact: true"))
-    report.update(repo)  # the README's form: one row per question, the effect with its Holm p, the verdict once
+    report.update(repo)  # the README's form: one row per question, the effect with its adjusted p, the verdict once
     rows = [line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| q1")]
-    assert len(rows) == 1 and "0.4: +2.8 [" in rows[0] and "Holm p" in rows[0] and rows[0].count("**") == 2
+    assert len(rows) == 1 and "0.4: +2.8 [" in rows[0] and "adjusted p" in rows[0] and rows[0].count("**") == 2
+
+
+def _gate_sweep(repo: Path, rows) -> Path:
+    """A sweep of 2 arms x 3 seeds whose records carry the primary, its gain over random init, random init's own
+    score and per-item predictions (the evaluation labels: 60% one class), as jobs write them."""
+    import gzip
+
+    sweep = repo / "docs" / "results" / "sweep"
+    for i, (rate, seed, score, ri) in enumerate(rows):
+        d = sweep / str(i)
+        (d / "predictions").mkdir(parents=True)
+        (d / "results.json").write_text(json.dumps(
+            {"status": "ok", "config": {"seed": seed, "mask": {"rate": rate}},
+             "metrics": {"downstream/t/acc": score, "random_init/t/acc": ri, "gain/t/acc": score - ri},
+             "downstream": {"t": {"reported_split": "test", "n": {"test": 10}}}}))
+        (d / "predictions" / "pretrained.json.gz").write_bytes(gzip.compress(json.dumps(
+            {"t": {"split": "test", "truth": [1] * 6 + [0] * 4, "seeds": {}}}).encode()))
+    return sweep
+
+
+GATE_SPEC = ("t1:\n  kind: compare\n  source: sweep\n  by: mask.rate\n  baseline: 0.15\n"
+             "  question: {primary: downstream/t/acc, delta: 0.01}\n"
+             "  metrics:\n    - {key: downstream/t/acc, label: acc, scale: 100, fmt: .1f}\n"
+             "f:\n  kind: findings\n  compact: true\n  rows:\n    - {question: q1, sweep: s, table: t1}\n")
+
+
+def test_the_gate_reads_a_degenerate_comparator_an_arm_below_random_init_and_harm(repo: Path):
+    """The regime gate: a random-init comparator at the constant predictor (the majority class, 60% here) reads
+    "degenerate comparator at this label budget", however far the pretrained arms are above it; an arm whose gains over
+    random init lie below 0 "did not learn", not "<baseline> better"; a baseline significantly below random init
+    reads "pretraining hurts here", not "not in a regime"."""
+    sweep = _gate_sweep(repo, [(0.15, s, 0.75 + 0.01 * s, 0.60) for s in range(3)]
+                        + [(0.4, s, 0.70 + 0.01 * s, 0.60) for s in range(3)])
+    row = _findings_row(repo, GATE_SPEC)
+    assert "**degenerate comparator at this label budget (random_init acc 60.0 vs 60.0 for a constant predictor)**" \
+        in row, row
+    for i in range(6):  # random init above chance now; the 0.4 arm below it on every seed
+        rec = json.loads((sweep / str(i) / "results.json").read_text())
+        m = rec["metrics"]
+        m["random_init/t/acc"] = 0.70 + 0.002 * i
+        m["downstream/t/acc"] = (0.78 if i < 3 else 0.66) + 0.01 * (i % 3)
+        m["gain/t/acc"] = m["downstream/t/acc"] - m["random_init/t/acc"]
+        (sweep / str(i) / "results.json").write_text(json.dumps(rec))
+    report.update(repo)
+    row = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| q1"))
+    assert "**0.4 did not learn (-3.8 [" in row and "] below random init)**" in row and "0.15 better" not in row, row
+    for i in range(3):  # the baseline arm itself below random init on every seed
+        rec = json.loads((sweep / str(i) / "results.json").read_text())
+        rec["metrics"]["downstream/t/acc"] = 0.65 + 0.01 * i
+        rec["metrics"]["gain/t/acc"] = rec["metrics"]["downstream/t/acc"] - rec["metrics"]["random_init/t/acc"]
+        (sweep / str(i) / "results.json").write_text(json.dumps(rec))
+    report.update(repo)
+    row = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| q1"))
+    assert "**pretraining hurts here (0.15: -4.2 [" in row and "not in a regime" not in row, row
+
+
+def test_a_question_over_two_tables_is_adjusted_as_one(repo: Path):
+    """Tables that share a ``question_id`` are one question: every hypothesis of both (each baseline's arms) enters
+    one Holm adjustment, so the adjusted p of a table alone is smaller than the same row's inside its question."""
+    _gate_sweep(repo, [(r, s, 0.75 + 0.01 * s + (0.02 + 0.004 * s) * (r > 0.2) + (0.03 + 0.01 * s) * (r > 0.5), 0.70)
+                       for r in (0.15, 0.4, 0.8) for s in range(3)])
+    alone = ("t1:\n  kind: compare\n  source: sweep\n  by: mask.rate\n  baseline: 0.15\n"
+             "  exclude: [{mask.rate: 0.8}]\n  question: {primary: downstream/t/acc}\n"
+             "  metrics:\n    - {key: downstream/t/acc, label: acc, scale: 100, fmt: .1f}\n"
+             "t2:\n  kind: compare\n  source: sweep\n  by: mask.rate\n  baseline: 0.15\n"
+             "  exclude: [{mask.rate: 0.4}]\n  question: {primary: downstream/t/acc}\n"
+             "  metrics:\n    - {key: downstream/t/acc, label: acc, scale: 100, fmt: .1f}\n")
+    (repo / "README.md").write_text("<!-- table: t1 -->\n<!-- /table -->\n<!-- table: t2 -->\n<!-- /table -->\n")
+    (repo / "docs" / "results" / "tables.yaml").write_text(alone)
+    report.update(repo)
+    solo = [line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| acc")]
+    together = alone.replace("kind: compare\n", "kind: compare\n  question_id: q\n")
+    (repo / "docs" / "results" / "tables.yaml").write_text(together)
+    report.update(repo)
+    joint = [line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| acc")]
+    p_solo = [float(r.split(" | ")[6]) for r in solo]
+    p_joint = [float(r.split(" | ")[6]) for r in joint]
+    p_raw = [float(r.split(" | ")[5]) for r in joint]
+    assert p_solo == [float(r.split(" | ")[5]) for r in solo] == p_raw  # each table alone: adjusted p = raw p
+    assert sorted(p_joint) == pytest.approx(sorted([2 * min(p_raw), max(2 * min(p_raw), max(p_raw))]), rel=0.05)
 
 
 def test_findings_row_of_a_sequential_sweep_takes_the_rules_decision_and_wall_time(repo: Path):
-    """A sweep run in rounds (``sequential:`` on its findings row): the verdict is the sequential rule's from its
-    sequential.json (round, seeds), not a fixed-sample test of the final seeds, and the row gives the wall time from
-    the first job's start to the last job's end, read from the records."""
+    """A sweep run in rounds (``sequential:``): its primary row carries the sequential rule's inference, re-scored from
+    the records under the plan its sequential.json ran (the repeated CI at the look it stopped, the stagewise-ordering
+    p, the design's power in place of a fixed-n MDD), the verdict with where it stopped, and the wall time from the
+    first job's start to the last job's end; a sequential.json that the records contradict is an error."""
     sweep = repo / "docs" / "results" / "sweep"
     times = iter(["2026-12-06T10:00:00+0000", "2026-12-06T10:20:00+0000", "2026-12-06T10:00:05+0000",
                   "2026-12-06T10:21:00+0000", "2026-12-06T10:20:00+0000", "2026-12-06T11:04:00+0000",
                   "2026-12-06T10:21:00+0000", "2026-12-06T11:05:00+0000"])
-    for i, (rate, seed, score) in enumerate([(0.15, 0, 0.70), (0.4, 0, 0.74), (0.15, 1, 0.72), (0.4, 1, 0.75)]):
+    for i, (rate, seed, score) in enumerate([(0.15, 0, 0.70), (0.4, 0, 0.74), (0.15, 1, 0.72), (0.4, 1, 0.7601)]):
         (sweep / str(i)).mkdir(parents=True)
         (sweep / str(i) / "results.json").write_text(json.dumps(
             {"status": "ok", "config": {"seed": seed, "mask": {"rate": rate}}, "started_at": next(times),
              "finished_at": next(times), "metrics": {"downstream/t/acc": score, "gain/t/acc": 0.05 + 0.001 * seed}}))
-    (sweep / "sequential.json").write_text(json.dumps(
-        {"looks": [2, 4, 6, 8], "arms": [{"arm": "mask.rate=0.4", "verdict": "better", "round": 1, "seeds": 2}]}))
+    state = {"looks": [2, 4, 6, 8], "plan": {"max_seeds": 8, "round": 2, "first": None, "spending": "pocock"},
+             "seeds": list(range(8)), "alpha": 0.05, "alpha_per_arm": 0.05, "delta": 0.01,
+             "arms": [{"arm": "mask.rate=0.4", "verdict": "better", "round": 1, "seeds": 2}]}
+    (sweep / "sequential.json").write_text(json.dumps(state))
     spec = ("t1:\n  kind: compare\n  source: sweep\n  by: mask.rate\n  baseline: 0.15\n  sequential: sweep\n"
             "  question: {primary: downstream/t/acc, delta: 0.01}\n"
             "  metrics:\n    - {key: downstream/t/acc, label: acc, scale: 100, fmt: .1f}\n"
             "f:\n  kind: findings\n  compact: true\n  rows:\n    - {question: q1, sweep: s, table: t1, sequential: sweep}\n")
     row = _findings_row(repo, spec)
-    assert row.endswith("**better (sequential rule, round 1 of 4, 2 seeds); 4 jobs in 1 h 05 min** |"), row
+    assert row.endswith("**0.4 better (sequential rule stopped at look 1 of 4, 2 seeds); 4 jobs in 1 h 05 min** |"), row
+    assert "(repeated CI, look 1 of 4), stagewise p " in row, row
     arm = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| acc"))
-    assert arm.endswith("| better (sequential rule, round 1 of 4, 2 seeds); 4 jobs in 1 h 05 min |"), arm
-    (sweep / "sequential.json").write_text(json.dumps({"looks": [2], "arms": [{"arm": "mask.rate=0.8"}]}))
-    with pytest.raises(report.ReportError, match="no arm '0.4'"):
+    assert "(stagewise)" in arm and "design power " in arm and " at ±1, " in arm, arm
+    state["arms"][0]["verdict"] = "continue"  # what the sweep recorded is not what its records give
+    (sweep / "sequential.json").write_text(json.dumps(state))
+    with pytest.raises(report.ReportError, match="continue at 2 seeds, but its records give better at 2"):
+        report.update(repo)
+    state["arms"] = [{"arm": "mask.rate=0.8", "verdict": "better", "seeds": 2}]
+    (sweep / "sequential.json").write_text(json.dumps(state))
+    with pytest.raises(report.ReportError, match="has arm 'mask.rate=0.8', which no record has"):
         report.update(repo)
 
 

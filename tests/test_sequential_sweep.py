@@ -11,7 +11,7 @@ from mlmlab import rounds
 from mlmlab.errors import ConfigError
 from mlmlab.stats import Question
 
-Q = Question(primary="downstream/score", delta=0.01, sequential={"max_seeds": 6, "round": 2})
+Q = Question(primary="downstream/score", delta=0.01, sequential={"max_seeds": 6, "round": 2, "min_seeds": 2})
 
 
 def fake_launch(tmp_path, value, launched):
@@ -109,7 +109,8 @@ def test_sequential_sweep_stops_by_itself_on_a_planted_effect(tmp_path, cache_di
     planted effect with no noise); the rule decides at the first look, so the second round's seeds never run."""
     sweep = tmp_path / "planted"
     p = run_cli([*JOB, "trainer.max_steps=10,20", "analysis.primary=budget/tokens", "analysis.sequential.max_seeds=4",
-                 "hydra/launcher=cores", f"hydra.sweep.dir={sweep}"], cache_dir)  # a round's 2 jobs at once
+                 "analysis.sequential.min_seeds=2", "hydra/launcher=cores", f"hydra.sweep.dir={sweep}"],
+                cache_dir)  # a round's 2 jobs at once
     assert p.returncode == 0, p.stderr[-3000:]
     assert len(records(sweep)) == 4  # 2 arms x the first round's 2 seeds
     s = json.loads((sweep / "summary.json").read_text())["sequential"]
@@ -123,7 +124,8 @@ def test_sequential_sweep_without_an_effect_runs_every_round_and_resumes(tmp_pat
     winner is called; all rounds run. One record lost: the rerun runs that job alone and ends where it did."""
     sweep = tmp_path / "null"
     args = [*JOB, "mask.rate=0.15,0.4", "analysis.primary=budget/tokens", "analysis.sequential.max_seeds=3",
-            "analysis.sequential.round=1", f"hydra.sweep.dir={sweep}"]  # looks at 2 and 3 seeds
+            "analysis.sequential.round=1", "analysis.sequential.min_seeds=2",
+            f"hydra.sweep.dir={sweep}"]  # looks at 2 and 3 seeds
     p = run_cli(args, cache_dir)
     assert p.returncode == 0, p.stderr[-3000:]
     first = json.loads((sweep / "sequential.json").read_text())

@@ -106,7 +106,7 @@ def test_bootstrap_clusters_widen_the_interval_of_grouped_items():
 
 def test_sequential_boundaries_spend_alpha_and_null_sweeps_rarely_call_a_winner():
     plan = stats.SequentialPlan(max_seeds=8, round=2)
-    assert plan.looks() == (2, 4, 6, 8)
+    assert plan.looks() == (4, 6, 8)  # the first look at min_seeds=4
     rng = np.random.default_rng(4)
     verdicts = [stats.sequential(rng.normal(0, 1, 8), plan).verdict for _ in range(R)]
     false = sum(v in ("better", "worse") for v in verdicts) / R
@@ -126,9 +126,9 @@ def test_sequential_equivalence_is_rarely_declared_at_the_margin_and_often_at_ze
 
 def test_sequential_stops_at_the_first_look_on_a_large_effect_and_waits_for_data():
     plan = stats.SequentialPlan(max_seeds=8, round=2)
-    r = stats.sequential([5.0, 5.2], plan)
-    assert r.verdict == "better" and r.look == 1 and r.n == 2
-    assert stats.sequential([5.0, 5.2], plan, higher_is_better=False).verdict == "worse"
+    r = stats.sequential([5.0, 5.2, 4.9, 5.1], plan)
+    assert r.verdict == "better" and r.look == 1 and r.n == 4
+    assert stats.sequential([5.0, 5.2, 4.9, 5.1], plan, higher_is_better=False).verdict == "worse"
     assert stats.sequential([0.1, -0.3, 0.2], plan).verdict == "continue"
     with pytest.raises(ValueError, match="spending"):
         stats.SequentialPlan(spending="bonferroni")
@@ -166,3 +166,48 @@ def test_stats_is_the_only_module_that_computes_intervals_and_p_values():
                  and re.search(r"scipy\.stats|from scipy import stats|ttest_|t\.ppf|binomtest|bootstrap\(",
                                p.read_text().replace("stats.bootstrap(", ""))]
     assert offenders == []
+
+
+def test_constant_predictor_floor_accuracy_macro_f1_and_entity_f1():
+    """The best constant predictor: accuracy = the majority share; macro-F1 = 2p/(1+p)/K; entity F1 = 0. FPB's test
+    labels (260 / 163 / 62) give the 0.536 and 0.233 that a random-init encoder stuck at the majority class scores."""
+    fpb = {"neutral": 260, "positive": 163, "negative": 62}
+    assert stats.constant_predictor(fpb, "downstream/fpb/acc") == pytest.approx(260 / 485)
+    assert stats.constant_predictor(fpb, "downstream/fpb/f1") == pytest.approx(2 * (260 / 485) / (1 + 260 / 485) / 3)
+    assert stats.constant_predictor(fpb, "downstream/ncbi/entity_f1") == 0.0
+
+
+def test_gate_order_degenerate_hurts_not_paying_arm_below():
+    """Each reading of the regime gate, and its order: a floor that fails comes first; a baseline below its comparator
+    over seeds "hurts"; one whose interval reaches 0 "does not pay"; then an arm below its comparator "did not learn"."""
+    up, down, flat = [0.05, 0.06, 0.07], [-0.05, -0.06, -0.04], [0.05, -0.04, 0.01]
+    low = stats.Floor("random_init", "downstream/t/acc", 0.536, 0.536, 0.02)
+    ok = stats.Floor("random_init", "downstream/t/acc", 0.60, 0.536, 0.02)
+    assert not low.passed and ok.passed
+    assert stats.gate(up, up, [low]) == "degenerate"
+    assert stats.gate(down, up, [ok]) == "hurts"
+    assert stats.gate(flat, up, [ok]) == "not_paying"
+    assert stats.gate(up, down, [ok]) == "arm_below"
+    assert stats.gate(up, flat, [ok]) is None and stats.gate([], down) is None
+    iv = stats.Interval(-0.09, 0.02, 3, 0.05, 0.01)
+    assert stats.verdict(iv, 0.01, arm="electra", baseline="mlm", reading="arm_below") == \
+        "electra did not learn (below random init)"
+    assert stats.verdict(iv, 0.01, reading="hurts") == stats.GATE_HURTS
+    assert stats.verdict(iv, 0.01, reading="degenerate") == stats.GATE_DEGENERATE
+    assert stats.pays([0.05, 0.06, 0.07], threshold=0.03) is True
+    assert stats.pays([0.05, 0.06, 0.07], threshold=0.04) is False
+
+
+def test_adjust_over_the_question_holm_and_gatekeeping():
+    """Holm over every hypothesis of a question; serial gatekeeping tests the family only when every primary
+    hypothesis is decided, and then at full alpha among themselves."""
+    nan = float("nan")
+    p, pe, prim = [0.01, 0.03, 0.04], [nan, nan, nan], [True, False, False]
+    assert stats.adjust(p, pe, prim, "holm")[0] == pytest.approx([0.03, 0.06, 0.06])
+    assert stats.adjust(p, pe, prim, "gatekeeping")[0] == pytest.approx([0.01, 0.06, 0.06])
+    assert stats.adjust([0.2, 0.001, 0.001], pe, prim, "gatekeeping")[0] == pytest.approx([0.2, 1.0, 1.0])
+    assert stats.adjust([0.2, 0.01], [0.01, nan], [True, False], "gatekeeping")[0] == pytest.approx([0.2, 0.01])
+    with pytest.raises(ValueError, match="multiplicity='bonf'; allowed: holm, gatekeeping"):
+        stats.adjust(p, pe, prim, "bonf")
+    with pytest.raises(ValueError, match="analysis.multiplicity"):
+        stats.Question(primary="downstream/t/acc", multiplicity="bonf")

@@ -91,12 +91,13 @@ def check_label_budgets(p: Protocol) -> None:
             continue
         data = spec.load(p.src)
         have = len(data["train"])
-        if selection_from_train(f, data):
+        held = p.ds.score_split == "selection" or selection_from_train(f, data)
+        if held:
             have -= max(1, int(round(p.ds.val_fraction * have)))
         if n > have:
             raise ConfigError(f"downstream.max_train_examples: {n} for task {spec.name} is more than its {have} "
                               f"training examples" + (" (after the selection split held out of train)"
-                                                      if selection_from_train(f, data) else ""))
+                                                      if held else ""))
 
 
 def run_task(p: Protocol, tok, spec: TaskSpec, encoder_cfg: dict, encoder_state: dict,
@@ -114,7 +115,12 @@ def run_task(p: Protocol, tok, spec: TaskSpec, encoder_cfg: dict, encoder_state:
     # without labelled test data reports its official validation split, so selection then uses a part of train
     records = {"train": data["train"], "test": data[reported]}
     from_train = False
-    if selection:
+    if ds.score_split == "selection":  # a screen: score the selection split (held out of train), never the reported
+        records["train"], records["test"] = hold_out(data["train"], ds.val_fraction)
+        reported, from_train = "selection", True
+        if selection:  # an lr grid / early stopping selects on the same held-out part: all of the job is selection
+            records["validation"] = records["test"]
+    elif selection:
         if has_test and "validation" in data:
             records["validation"] = data["validation"]
         else:
@@ -126,8 +132,11 @@ def run_task(p: Protocol, tok, spec: TaskSpec, encoder_cfg: dict, encoder_state:
         records["validation"] = records["validation"][: ds.max_selection_examples]
     splits = {s: encode_split(tok, spec, r, f) for s, r in records.items()}
     names_of = {"train": "train", "validation": "selection", "test": reported}
+    if reported == "selection":  # the scored part and the lr grid's (its first max_selection_examples) apart
+        names_of["validation"] = "selection (lr grid / early stopping)"
     metrics: dict[str, float] = {}
-    report: dict = {"reported_split": reported, "main_metric": spec.main_metric,
+    report: dict = {"reported_split": reported if reported != "selection" else
+                    f"selection (held out of train, n={len(records['test'])})", "main_metric": spec.main_metric,
                     "source": data.get("source", "generated"), "label_names": data["label_names"],
                     "n": {names_of[s]: v["n"] for s, v in splits.items()}}
     report["predictions"] = {"split": reported, "truth": [ex["tags"] for ex in splits["test"]["index"]]

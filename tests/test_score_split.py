@@ -1,0 +1,76 @@
+"""downstream.score_split=selection: a screen scores the task's selection split (a fixed part held out of train,
+mlmlab.data.tasks.hold_out), never the reported split; the held-out part is never trained on, label budgets come from
+the rest of train, and the record says which split was scored."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mlmlab import pretrain_job as train
+from mlmlab.config import ConfigError, validate
+from mlmlab.data.tasks import TASKS, TaskSource, hold_out
+
+QUICK = ["trainer.max_steps=5", "trainer.val_check_interval=5", "logger=none", "callbacks.checkpoint=false",
+         "downstream.tasks=[builtin_sentiment]", "downstream.seeds=[0]"]
+
+
+def test_a_screen_scores_the_selection_split_and_never_trains_on_it(cfg_factory, tmp_path, monkeypatch):
+    import mlmlab.downstream.protocol as protocol
+
+    seen: list[tuple[str, list[dict]]] = []  # (the split's role, its records) for every split the jobs encode
+    encode = protocol.encode_split
+
+    def spy(tok, spec, records, f):
+        seen.append((spec.name, records))
+        return encode(tok, spec, records, f)
+
+    monkeypatch.setattr(protocol, "encode_split", spy)
+    out = tmp_path / "run"
+    m = train(cfg_factory(*QUICK, "downstream.score_split=selection", "downstream.max_train_examples=[16]",
+                          "downstream.random_init_baseline=true", output_dir=out))
+    cfg = cfg_factory(*QUICK)
+    data = TASKS["builtin_sentiment"].load(TaskSource.of(cfg.paths, cfg.data, cfg.downstream))
+    rest, held = hold_out(data["train"], cfg.downstream.val_fraction)
+    rec = json.loads((out / "results.json").read_text())
+    for arm in ("downstream", "downstream_random_init"):  # the pretrained encoder and random init: the same split
+        r = rec[arm]["builtin_sentiment@16"]
+        assert r["reported_split"] == f"selection (held out of train, n={len(held)})", arm
+        assert r["n"] == {"train": 16, "selection": len(held)}
+    assert {"downstream/builtin_sentiment@16/acc", "gain/builtin_sentiment@16/acc"} <= set(m)
+    held_ids = {id(r) for r in held}
+    trained = [records for _, records in seen if records and id(records[0]) not in held_ids]
+    scored = [records for _, records in seen if records and id(records[0]) in held_ids]
+    assert scored and all(records == held for records in scored)  # the held-out part is what was scored ...
+    assert trained and all(not held_ids & {id(r) for r in records} for records in trained)  # ... never trained on
+    assert all(records == rest[:16] for records in trained)  # the budget: the first 16 of the rest of train
+    assert not any(records == data["test"] for _, records in seen)  # the reported split is never touched
+
+
+def test_the_reported_split_stays_the_default(cfg_factory, tmp_path):
+    out = tmp_path / "run"
+    cfg = cfg_factory(*QUICK, "downstream.max_train_examples=[16]", output_dir=out)
+    train(cfg)
+    r = json.loads((out / "results.json").read_text())["downstream"]["builtin_sentiment@16"]
+    assert r["reported_split"] == "test" and r["n"] == {"train": 16, "test": cfg.downstream.builtin_n_test}
+
+
+def test_a_budget_counts_the_train_split_less_the_held_out_part(cfg_factory, tmp_path):
+    # a budget that fits the train split but not what a screen may train on (train less the held-out part)
+    n = cfg_factory(*QUICK).downstream.builtin_n_train
+    rest = n - max(1, round(0.1 * n))
+    train(cfg_factory(*QUICK, f"downstream.max_train_examples=[{rest + 1}]", "trainer.max_steps=1",
+                      output_dir=tmp_path / "fits"))
+    with pytest.raises(ConfigError) as e:
+        train(cfg_factory(*QUICK, "downstream.score_split=selection", f"downstream.max_train_examples=[{rest + 1}]",
+                          output_dir=tmp_path / "big"))
+    assert (f"downstream.max_train_examples: {rest + 1} for task builtin_sentiment is more than its {rest} training "
+            "examples (after the selection split held out of train)") in str(e.value)
+
+
+def test_an_unknown_score_split_fails_with_the_key_and_the_values(cfg_factory):
+    with pytest.raises(ConfigError) as e:
+        validate(cfg_factory("downstream.score_split=dev"))
+    msg = str(e.value)
+    assert msg.startswith("downstream.score_split='dev' is not known; allowed: reported, selection") and "\n" not in msg
