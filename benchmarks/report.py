@@ -126,7 +126,7 @@ def scored_on(p: dict) -> str:
     on purpose (``--score-split reported``: a confirmation of a recipe chosen elsewhere), or -- a file from before
     ``score_split`` existed -- the evaluation split, selected on; a screen (``--screen``) the fixed-mask loss."""
     if p.get("screen"):
-        return "selected on the fixed-mask loss (the corpus's validation text), no task split"
+        return "selected on the fixed-mask loss (no task split)"
     task = "builtin_sentiment" if p.get("quick") else p.get("task", "sst2")
     split = p.get("score_split")
     if split == "selection":

@@ -147,6 +147,9 @@ def readjust(tables: Sequence[pd.DataFrame], q: Question) -> list[pd.DataFrame]:
         tables[i].at[j, "p_holm"] = a
         tables[i].at[j, "p_equiv_holm"] = b
     for t in tables:
+        if "gate" in t.columns:  # the question's regime is the primary's: a family row under a gated primary is gated too
+            prim = {r["arm"]: r["gate"] for _, r in t[t["role"] == "primary"].iterrows() if isinstance(r["gate"], str)}
+            t["gate"] = [prim.get(r["arm"], r["gate"]) if r["role"] == "family" else r["gate"] for _, r in t.iterrows()]
         t["verdict"] = [_word(r, q) for _, r in t.iterrows()]
         t.attrs["question"] = q
     return tables
@@ -169,7 +172,8 @@ def apply_sequential(t: pd.DataFrame, results: dict, design: dict | None = None)
         iv = r.interval
         t.at[j, "low"], t.at[j, "high"], t.at[j, "diff"] = iv.low, iv.high, iv.mean
         t.at[j, "n"] = r.n
-        t.at[j, "p"] = getattr(r, "p_stagewise", math.nan)
+        ps = getattr(r, "p_stagewise", math.nan)  # nan where the rule cannot order the outcome (an equivalence stop)
+        t.at[j, "p"] = ps if ps == ps else 1.0  # still one hypothesis of the question: it keeps its place in Holm
         t.at[j, "p_repeated"] = getattr(r, "p_repeated", math.nan)
         t.at[j, "look"], t.at[j, "looks"], t.at[j, "level"] = r.look, len(getattr(r, "looks", ()) or ()), iv.level
         t.at[j, "seq_verdict"] = r.verdict

@@ -339,7 +339,11 @@ def test_cli_compares_every_metric_asked_each_named_with_holm_and_verdict(capsys
                                                                   else p.max())
     # the 15% arm does not beat random init on SST-2 at this budget: the rules say so instead of comparing
     assert t.set_index("metric").loc["downstream/sst2/acc", "verdict"] == "not in a regime where pretraining pays"
-    assert t.set_index("metric").loc["val/mlm_loss_r15", "verdict"] == "0.4 better"  # lower loss is better
+    # the question's regime is its primary's: the family's loss comparison is not decided outside it either
+    assert t.set_index("metric").loc["val/mlm_loss_r15", "verdict"] == "not in a regime where pretraining pays"
+    rc = A.main([str(src), "by=mask.rate", "baseline=0.15", "metric=[val/mlm_loss_r15]", "primary=val/mlm_loss_r15",
+                 f"csv={csv}"])  # a question on the loss alone has no comparator to gate it: lower loss is better
+    assert rc == 0 and pd.read_csv(csv.with_suffix(".compare.csv"))["verdict"].tolist() == ["0.4 better"]
 
 
 def test_plan_prints_the_seeds_a_pilot_says_a_question_needs(capsys):

@@ -74,3 +74,26 @@ def test_an_unknown_score_split_fails_with_the_key_and_the_values(cfg_factory):
         validate(cfg_factory("downstream.score_split=dev"))
     msg = str(e.value)
     assert msg.startswith("downstream.score_split='dev' is not known; allowed: reported, selection") and "\n" not in msg
+
+
+def test_a_cached_random_init_row_is_never_reused_across_score_splits(cfg_factory, tmp_path):
+    from mlmlab import baseline, downstream
+
+    class Tok:
+        def to_str(self):
+            return "tokenizer"
+
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"random_init/x/acc": 0.5}, {"x": {"acc": 0.5}}
+
+    def row(*over):
+        c = cfg_factory(f"paths.cache_dir={tmp_path / 'cache'}", *over)
+        p = downstream.Protocol.of(c.paths, c.data, c.downstream)
+        return baseline.cached_random_init(p, c.data, c.paths.cache_dir, "32-true", Tok(), {"hidden": 8}, 0, compute)
+
+    row()
+    assert row("downstream.score_split=reported")[2] is not None and len(calls) == 1  # the default: the same row
+    assert row("downstream.score_split=selection")[2] is None and len(calls) == 2  # a screen's row is its own
