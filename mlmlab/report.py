@@ -356,13 +356,18 @@ def _findings_compact(spec: dict, base: Path, tables: dict) -> str:
 
 def _declared(row: dict, base: Path) -> str:
     """When the question of a findings row was declared relative to its data (:mod:`mlmlab.provenance`, from the
-    committed ``docs/results/provenance.json``), and the declared arms that have no records."""
+    committed ``docs/results/provenance.json``), the declared arms that have no records, and (a row's
+    ``selected_on``) what was selected on the split that reports the verdict, until it is re-run on the selection
+    split."""
     try:
         from mlmlab import provenance
     except ImportError:
         return "-"
     p = provenance.for_row(provenance.load(base.parent.parent), row)
-    return provenance.cell(p) if p is not None else "not recorded"
+    text = provenance.cell(p) if p is not None else "not recorded"
+    if row.get("selected_on"):  # a recipe, lr or protocol chosen on the split that reports this verdict
+        text += f"; selected on the evaluation split ({row['selected_on']})"
+    return text
 
 
 def _sequential_words(row: dict, base: Path, part, words: list[str]) -> list[str]:

@@ -85,6 +85,11 @@ def question_table(df: pd.DataFrame, by: str, baseline, metrics: Sequence[str], 
     exploratory) and the verdict."""
     q = question or Question()
     metrics = list(metrics)
+    col = "downstream.score_split"
+    if col in df.columns and (df[col] == "selection").any():  # a screen's score never decides a verdict
+        runs = df.loc[df[col] == "selection", "run_dir"].tolist() if "run_dir" in df.columns else []
+        raise ValueError(f"{len(runs) or 'some'} run(s) scored the selection split (downstream.score_split=selection: "
+                         f"screens), not the split that reports a verdict: {', '.join(map(str, runs[:3]))}")
     if baseline not in set(df[by]):
         raise ValueError(f"baseline {by}={baseline!r} is not among the runs; present: {sorted(set(df[by]), key=str)}")
     family = q.metrics_family(metrics)
