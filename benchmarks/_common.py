@@ -23,6 +23,24 @@ def machine() -> dict[str, object]:
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
+def cpu_label(kind: str | None = None) -> str:
+    """A short name for ``mlmlab.hardware.cpu_kind()`` (or the ``kind`` string a result file recorded) as it bears on
+    matmul speed: the best bf16 instruction set, then the product line -- "AMX Xeon", "avx512_bf16 EPYC", "avx2 EPYC"."""
+    if kind is None:
+        from mlmlab.hardware import cpu_kind
+
+        kind = cpu_kind()
+    parts = kind.split(" | ")
+    if len(parts) != 3:  # not Linux: cpu_kind is "<system>-<machine>-<processor>"
+        return kind
+    vendor, model, isa = parts[0], parts[1], set(parts[2].split())
+    best = next((name for flag, name in (("amx_bf16", "AMX"), ("avx512_bf16", "avx512_bf16"), ("avx512f", "avx512"),
+                                         ("avx2", "avx2")) if flag in isa), "no avx2")
+    line = next((w for w in ("Xeon", "EPYC", "Ryzen", "Core") if w in model), None)
+    line = line or {"GenuineIntel": "Intel", "AuthenticAMD": "AMD"}.get(vendor, vendor or model or "CPU")
+    return f"{best} {line}"
+
+
 def git_commit(root: Path = REPO_ROOT) -> str | None:
     try:
         return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,

@@ -2,8 +2,11 @@
 ``BertForMaskedLM`` at the same shapes, on the same masked batch, from the same weights.
 
 Reports tokens/s (batch x seq / median step time after warmup), the ratio ours/HF, FLOPs per step (the analytical
-count of ``mlmlab.flops`` and torch's ``FlopCounterMode`` on one step) and model FLOPs utilisation against a fp32
-matmul peak measured in the same run. ``--compile`` and ``--bf16`` add rows for our model.
+count of ``mlmlab.flops`` and torch's ``FlopCounterMode`` on one step) and model FLOPs utilisation against the
+matmul peak of the row's own precision measured in the same run (fp32 rows against the fp32 peak, bf16 rows against
+the bf16 peak). ``--compile`` and ``--bf16`` add rows for our model; ``--profile`` adds where the time of our step
+goes (``torch.profiler`` over a few steps, fp32 and with ``--bf16`` bf16, grouped: matmuls, attention, elementwise,
+layer norm, softmax / cross-entropy, optimizer, casts, Python and dispatch between ops, other).
 
     python benchmarks/bench_step.py                  # full: vocab 8192 and 30522, ~2-3 min on 2 idle cores
     python benchmarks/bench_step.py --quick --out /tmp/bench   # tiny shapes, seconds
@@ -13,22 +16,26 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import statistics
 import time
 
 import torch
-from _common import format_table, machine, versions, write_result
+from _common import cpu_label, format_table, machine, versions, write_result
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from mlmlab.flops import encoder_forward_flops, mlm_head_forward_flops
+from mlmlab.hardware import cpu_kind
 from mlmlab.lit.optim import adamw_with_schedule
 from mlmlab.models.encoder import IGNORE_INDEX, BertForMLM, EncoderConfig
 
 FULL = {"shape": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "intermediate_size": 1024},
-        "vocab": [8192, 30522], "batch": 32, "seq": 128, "warmup": 3, "iters": 10, "matmul_size": 4096}
+        "vocab": [8192, 30522], "batch": 32, "seq": 128, "warmup": 3, "iters": 10, "matmul_size": 4096,
+        "profile_steps": 3}
 QUICK = {"shape": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 256},
-         "vocab": [512, 2048], "batch": 4, "seq": 32, "warmup": 1, "iters": 3, "matmul_size": 1024}
+         "vocab": [512, 2048], "batch": 4, "seq": 32, "warmup": 1, "iters": 3, "matmul_size": 1024,
+         "profile_steps": 2}
 # the optimizer of conf/optim/adamw.yaml (the schedule's values only change the learning rate, not the cost)
 OPTIM = {"lr": 1e-3, "weight_decay": 0.01, "betas": (0.9, 0.98), "eps": 1e-6, "warmup": 40, "total": 400}
 TARGETS = {"speedup_vs_hf": {8192: 1.8, 30522: 3.0}, "mfu": 0.6}  # reported, never asserted
@@ -43,7 +50,8 @@ def parse_args(argv=None):
     p.add_argument("--seq", type=int)
     p.add_argument("--warmup", type=int, help="untimed steps before the timed ones")
     p.add_argument("--iters", type=int, help="timed steps (the median is reported)")
-    p.add_argument("--matmul-size", type=int, help="n of the n x n fp32 matmul that sets the peak (default 4096)")
+    p.add_argument("--matmul-size", type=int, help="n of the n x n matmul that sets each precision's peak "
+                   "(default 4096)")
     p.add_argument("--mask-frac", type=float, default=0.15, help="fraction of positions masked (exact count)")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     p.add_argument("--seed", type=int, default=0)
@@ -51,11 +59,14 @@ def parse_args(argv=None):
     p.add_argument("--bf16", action="store_true", help="add a row: our step under CPU bf16 autocast")
     p.add_argument("--levers", action="store_true", help="add rows: optim.impl=for_loop / fused (the default is foreach), "
                    "model.grad_checkpointing=true (with the activation memory saved for backward)")
+    p.add_argument("--profile", action="store_true", help="profile our step (fp32, and bf16 with --bf16) with "
+                   "torch.profiler: seconds per step by group of ops")
+    p.add_argument("--profile-steps", type=int, help="profiled steps, after one untimed step (default 3)")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' model (no ratio)")
     p.add_argument("--out", help="result file or directory (default benchmarks/results/bench_step.json)")
     args = p.parse_args(argv)
     preset = QUICK if args.quick else FULL
-    for k in ("vocab", "batch", "seq", "warmup", "iters", "matmul_size"):
+    for k in ("vocab", "batch", "seq", "warmup", "iters", "matmul_size", "profile_steps"):
         if getattr(args, k) is None:
             setattr(args, k, preset[k])
     args.shape = preset["shape"]
@@ -146,10 +157,10 @@ def counted_flops(model, loss_fn, b) -> int:
     return fc.get_total_flops()
 
 
-def matmul_peak(n: int, reps: int = 5) -> dict:
-    """fp32 n x n matmul: peak FLOP/s = 2 n^3 / (best time of ``reps``), after one warm-up."""
-    a, c = torch.randn(n, n), torch.empty(n, n)
-    bm = torch.randn(n, n)
+def matmul_peak(n: int, reps: int = 5, dtype: torch.dtype = torch.float32) -> dict:
+    """n x n matmul (fp32 unless ``dtype``): peak FLOP/s = 2 n^3 / (best time of ``reps``), after one warm-up."""
+    a, c = torch.randn(n, n).to(dtype), torch.empty(n, n, dtype=dtype)
+    bm = torch.randn(n, n).to(dtype)
     torch.mm(a, bm, out=c)
     times = []
     for _ in range(reps):
@@ -211,6 +222,116 @@ def time_steps(model, loss_fn, b, warmup: int, iters: int, autocast: bool = Fals
     return out
 
 
+# --------------------------------------------------------------------------------------------------------- profile
+PROFILE_GROUPS = ("matmul", "attention", "elementwise", "layer_norm", "softmax_ce", "optimizer", "cast", "python",
+                  "other")
+PROFILE_GROUP_NOTE = {
+    "matmul": "aten::mm / addmm / bmm / matmul / linear and their autograd nodes (+ what they call: views, bias sums)",
+    "attention": "scaled_dot_product_attention's own time and its fused kernel with its backward; in training on the "
+                 "CPU (attention dropout > 0) SDPA runs its math path, whose bmm count as matmul, softmax as "
+                 "softmax_ce and dropout as elementwise",
+    "elementwise": "GELU, dropout (bernoulli_), add / mul / div / where ... and their backward",
+    "layer_norm": "native_layer_norm and its backward", "softmax_ce": "softmax (attention's, on SDPA's math path), "
+    "log_softmax / nll_loss (the MLM loss) and their backward",
+    "optimizer": "zero_grad + AdamW step + LR scheduler, everything they call", "cast": "aten::to / _to_copy "
+    "(autocast's casts, the loss's .float()) and ToCopyBackward0", "python": "time between ops inside forward / "
+    "backward: Python, module calls, dispatch, the autograd engine", "other": "embedding, indexing of the masked "
+    "positions, reshapes and copies, gradient accumulation, ..."}
+_WRAPPERS = {"mlmlab::forward", "mlmlab::backward"}  # their self time is the time between ops ("python")
+_OPTIMIZER = re.compile(r"^(mlmlab::optimizer|optimizer\.)|_foreach_")
+_BY_NAME = (("attention", re.compile(r"scaleddotproduct|flashattention|efficientattention")),
+            ("layer_norm", re.compile(r"layernorm")),
+            ("softmax_ce", re.compile(r"softmax|nllloss|crossentropy")),
+            ("cast", re.compile(r"^(to|tocopy)$")),
+            ("matmul", re.compile(r"^(mm|addmm|bmm|matmul|linear|baddbmm|addbmm|addmmactivation|mv|addmv)$")),
+            ("elementwise", re.compile(r"^(gelu|relu|tanh|add|sub|rsub|mul|div|neg|exp|pow|sqrt|rsqrt|clamp|where|"
+                                       r"dropout|nativedropout|bernoulli|maskedfill|lerp|addcmul|addcdiv)$")))
+
+
+def op_group(name: str) -> str | None:
+    """The group an op (or autograd node) belongs to by its own name; None: it takes its caller's group."""
+    if _OPTIMIZER.search(name.lower()):
+        return "optimizer"
+    base = name.split("evaluate_function: ", 1)[-1].removeprefix("aten::").removeprefix("torch::autograd::")
+    base = re.sub(r"backward\d*(data)?$", "", base.replace("_", "").lower())
+    return next((g for g, rx in _BY_NAME if rx.search(base)), None)
+
+
+def group_profile(events) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
+    """Self CPU time (s) of every profiled event, summed by group: an op's own name decides its group, else the
+    nearest caller's that has one (a copy inside ``_to_copy`` is a cast, a view inside ``linear`` a matmul), else
+    "other"; everything under the optimizer is the optimizer's; the forward / backward wrappers' own time (between
+    their ops) is "python". Self times do not overlap, so the groups add up to the profiled time."""
+    groups = dict.fromkeys(PROFILE_GROUPS, 0.0)
+    by_op: dict[tuple[str, str], float] = {}
+    memo: dict[int, str] = {}
+
+    def group_of(e) -> str:
+        if id(e) in memo:
+            return memo[id(e)]
+        chain, x, found = [], e, None
+        while x is not None and id(x) not in memo:
+            chain.append(x)
+            x = x.cpu_parent
+        inherited = memo[id(x)] if x is not None else None
+        for y in reversed(chain):  # from the outermost caller inwards
+            own = "python" if y.name in _WRAPPERS else op_group(y.name)
+            if inherited == "optimizer":
+                found = "optimizer"
+            elif own is not None:
+                found = own
+            else:
+                found = inherited if inherited not in (None, "python") else "other"
+            memo[id(y)] = found
+            inherited = found if own != "python" else None
+        return memo[id(e)]
+
+    for e in events:
+        g, s = group_of(e), e.self_cpu_time_total / 1e6
+        groups[g] += s
+        by_op[(e.name, g)] = by_op.get((e.name, g), 0.0) + s
+    return groups, by_op
+
+
+def profile_steps(model, loss_fn, b, steps: int, autocast: bool = False, impl: str = "auto") -> dict:
+    """``torch.profiler`` (CPU) over ``steps`` full steps after one untimed step: seconds per step by group of ops
+    (:func:`group_profile`), each group's share of the profiled step time, and the ops that take the most."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    model.train()
+    opt_d = adamw_with_schedule(model, OPTIM["lr"], OPTIM["weight_decay"], OPTIM["betas"], OPTIM["eps"],
+                                OPTIM["warmup"], OPTIM["total"], impl=impl)
+    opt, sched = opt_d["optimizer"], opt_d["lr_scheduler"]["scheduler"]
+    ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if autocast else contextlib.nullcontext
+
+    def step():
+        with record_function("mlmlab::optimizer"):
+            opt.zero_grad(set_to_none=True)
+        with record_function("mlmlab::forward"), ctx():
+            loss = loss_fn(model, b)
+        with record_function("mlmlab::backward"):
+            loss.backward()
+        with record_function("mlmlab::optimizer"):
+            opt.step()
+            sched.step()
+
+    step()  # the optimizer's state is created in its first step
+    times = []
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            t = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t)
+    groups, by_op = group_profile(prof.events())
+    wall = sum(times) / steps
+    per_step = {g: s / steps for g, s in groups.items()}
+    top = sorted(by_op.items(), key=lambda kv: -kv[1])[:15]
+    return {"steps": steps, "profiled_step_s": wall, "profiled_step_s_max": max(times),
+            "groups": {g: {"s_per_step": s, "share": s / wall} for g, s in per_step.items()},
+            "groups_sum_s": sum(per_step.values()), "coverage": sum(per_step.values()) / wall,
+            "top_ops": [{"op": n, "group": g, "s_per_step": s / steps} for (n, g), s in top]}
+
+
 def optimizer_info(model) -> dict:
     opt = adamw_with_schedule(model, OPTIM["lr"], OPTIM["weight_decay"], OPTIM["betas"], OPTIM["eps"],
                               OPTIM["warmup"], OPTIM["total"])["optimizer"]
@@ -220,9 +341,9 @@ def optimizer_info(model) -> dict:
                     "Trainer gets on a CPU)"}
 
 
-def row(name, vocab, timing, tokens, flops_analytic, flops_counted) -> dict:
+def row(name, vocab, timing, tokens, flops_analytic, flops_counted, precision: str = "fp32") -> dict:
     step = timing["step_s"]
-    return {"model": name, "vocab": vocab, **timing, "tokens_per_s": tokens / step,
+    return {"model": name, "vocab": vocab, "precision": precision, **timing, "tokens_per_s": tokens / step,
             "flops_analytic": flops_analytic, "flops_counted": flops_counted,
             "achieved_flops_s_counted": flops_counted / step, "achieved_flops_s_analytic": flops_analytic / step}
 
@@ -235,7 +356,11 @@ def main(argv=None) -> dict:
     peak_before = matmul_peak(args.matmul_size)
     print(f"matmul peak ({args.matmul_size}^3 fp32, {args.threads} threads): {peak_before['flops_per_s'] / 1e9:.1f} "
           "GFLOP/s", flush=True)
-    rows, parities, opt_info = [], {}, None
+    bf16_before = matmul_peak(args.matmul_size, dtype=torch.bfloat16) if args.bf16 else None
+    if bf16_before is not None:
+        print(f"matmul peak ({args.matmul_size}^3 bf16, {args.threads} threads): "
+              f"{bf16_before['flops_per_s'] / 1e9:.1f} GFLOP/s", flush=True)
+    rows, parities, opt_info, profiles = [], {}, None, []
     for vocab in args.vocab:
         cfg, ours, hf = build_models(args.shape, vocab, args.seq, args.seed, not args.no_hf)
         b = make_batch(vocab, args.batch, args.seq, args.mask_frac, args.seed)
@@ -257,8 +382,18 @@ def main(argv=None) -> dict:
         if args.bf16:
             _, m, _ = build_models(args.shape, vocab, args.seq, args.seed, False)
             t = time_steps(m, ours_loss, b, args.warmup, args.iters, autocast=True)
-            rows.append(row("ours+bf16", vocab, t, tokens, fa_ours, fc_ours))
+            rows.append(row("ours+bf16", vocab, t, tokens, fa_ours, fc_ours, precision="bf16"))
             print(f"vocab {vocab}: ours+bf16 {tokens / t['step_s']:.0f} tok/s", flush=True)
+        if args.profile:  # where the time of our step goes, fp32 (and bf16): a fresh model each
+            for name, prec in (("ours", "fp32"), ("ours+bf16", "bf16"))[:2 if args.bf16 else 1]:
+                _, m, _ = build_models(args.shape, vocab, args.seq, args.seed, False)
+                prof = profile_steps(m, ours_loss, b, args.profile_steps, autocast=prec == "bf16")
+                timed = next(r for r in rows if r["model"] == name and r["vocab"] == vocab)
+                profiles.append({"model": name, "vocab": vocab, "precision": prec, "step_s": timed["step_s"],
+                                 "profiler_overhead": prof["profiled_step_s"] / timed["step_s"] - 1, **prof})
+                print(f"vocab {vocab}: profiled {name}: " + ", ".join(
+                    f"{g} {100 * v['share']:.0f}%" for g, v in prof["groups"].items() if v["share"] >= 0.005),
+                    flush=True)
         if args.levers:
             base = next(r for r in rows if r["model"] == "ours" and r["vocab"] == vocab)
             base["saved_activation_bytes"] = saved_activation_bytes(ours, ours_loss, b)
@@ -285,11 +420,20 @@ def main(argv=None) -> dict:
             print(f"vocab {vocab}: ours+compile {tokens / t['step_s']:.0f} tok/s", flush=True)
     peak_after = matmul_peak(args.matmul_size)
     peak = max(peak_before["flops_per_s"], peak_after["flops_per_s"])  # the higher one: a conservative MFU
+    peaks = {"fp32": peak}
+    bf16_peak = None
+    if bf16_before is not None:
+        bf16_after = matmul_peak(args.matmul_size, dtype=torch.bfloat16)
+        peaks["bf16"] = max(bf16_before["flops_per_s"], bf16_after["flops_per_s"])
+        bf16_peak = {"before": bf16_before, "after": bf16_after, "used_flops_per_s": peaks["bf16"]}
 
     hf_tps = {r["vocab"]: r["tokens_per_s"] for r in rows if r["model"] == "hf"}
-    for r in rows:
-        r["mfu_counted"] = r["achieved_flops_s_counted"] / peak
-        r["mfu_analytic"] = r["achieved_flops_s_analytic"] / peak
+    for r in rows:  # MFU against the peak of the row's own precision; bf16 rows also against fp32's (the old MFU)
+        r["peak_flops_s"] = peaks[r["precision"]]
+        r["mfu_counted"] = r["achieved_flops_s_counted"] / r["peak_flops_s"]
+        r["mfu_analytic"] = r["achieved_flops_s_analytic"] / r["peak_flops_s"]
+        if r["precision"] != "fp32":
+            r["mfu_counted_vs_fp32_peak"] = r["achieved_flops_s_counted"] / peak
         r["speedup_vs_hf"] = r["tokens_per_s"] / hf_tps[r["vocab"]] if r["vocab"] in hf_tps else None
         target = TARGETS["speedup_vs_hf"].get(r["vocab"]) if r["model"] != "hf" else None
         r["target_speedup_vs_hf"] = target
@@ -297,20 +441,31 @@ def main(argv=None) -> dict:
         r["meets_mfu_target"] = r["mfu_counted"] >= TARGETS["mfu"] if r["model"] != "hf" else None
 
     settings = {k: getattr(args, k) for k in ("quick", "vocab", "batch", "seq", "warmup", "iters", "matmul_size",
-                                              "mask_frac", "threads", "seed", "compile", "bf16", "levers")}
+                                              "mask_frac", "threads", "seed", "compile", "bf16", "levers", "profile",
+                                              "profile_steps")}
     settings.update({"shape": args.shape, "dtype": "float32", "optimizer": opt_info,
                      "timed": "median of the timed steps: zero_grad + forward + loss + backward + AdamW + LR scheduler",
-                     "mfu": "FLOPs per step / median step time / matmul peak (the higher of the peaks measured before and after)"})
-    payload = {"machine": machine(), "versions": versions(), "settings": settings,
-               "results": {"matmul_peak": {"before": peak_before, "after": peak_after, "used_flops_per_s": peak}, "parity": parities,
-                           "rows": rows, "targets": TARGETS}}
+                     "mfu": "FLOPs per step / median step time / the matmul peak of the row's precision (fp32 rows: the "
+                            "fp32 n x n matmul, bf16 rows: the bf16 one; the higher of the peaks measured before and "
+                            "after)"})
+    if args.profile:
+        settings["profile_groups"] = PROFILE_GROUP_NOTE
+    kind = cpu_kind()
+    results = {"matmul_peak": {"before": peak_before, "after": peak_after, "used_flops_per_s": peak}}
+    if bf16_peak is not None:
+        results["matmul_peak_bf16"] = bf16_peak
+    results.update({"cpu_kind": kind, "cpu_label": cpu_label(kind), "parity": parities, "rows": rows,
+                    "targets": TARGETS})
+    if args.profile:
+        results["profile"] = profiles
+    payload = {"machine": machine(), "versions": versions(), "settings": settings, "results": results}
     path = write_result("bench_step", payload, args.out)
-    print_summary(rows, parities, peak_before, peak_after)
+    print_summary(rows, parities, peak_before, peak_after, bf16_peak, profiles)
     print(f"wrote {path}")
     return payload
 
 
-def print_summary(rows, parities, peak_before, peak_after) -> None:
+def print_summary(rows, parities, peak_before, peak_after, bf16_peak=None, profiles=()) -> None:
     table = [{**r, "step_ms": 1e3 * r["step_s"], "fwd_ms": 1e3 * r["fwd_s"], "bwd_ms": 1e3 * r["bwd_s"],
               "opt_ms": 1e3 * r["opt_s"], "gflop": r["flops_counted"] / 1e9,
               "gflops_s": r["achieved_flops_s_counted"] / 1e9, "mfu_c": 100 * r["mfu_counted"],
@@ -321,8 +476,15 @@ def print_summary(rows, parities, peak_before, peak_after) -> None:
             ("mfu_c", "MFU% cnt", ".1f"), ("mfu_a", "MFU% ana", ".1f")]
     print()
     print(format_table(table, cols))
-    print(f"matmul peak: {peak_before['flops_per_s'] / 1e9:.1f} GFLOP/s before, "
+    print(f"fp32 matmul peak: {peak_before['flops_per_s'] / 1e9:.1f} GFLOP/s before, "
           f"{peak_after['flops_per_s'] / 1e9:.1f} after (MFU uses the higher)")
+    if bf16_peak is not None:
+        print(f"bf16 matmul peak: {bf16_peak['before']['flops_per_s'] / 1e9:.1f} GFLOP/s before, "
+              f"{bf16_peak['after']['flops_per_s'] / 1e9:.1f} after (the bf16 rows' MFU uses the higher)")
+    for p in profiles:
+        print(f"profile vocab {p['vocab']} {p['model']} ({p['steps']} steps, {1e3 * p['profiled_step_s']:.0f} ms/step "
+              f"profiled, {1e3 * p['step_s']:.0f} timed): " + ", ".join(
+                  f"{g} {1e3 * v['s_per_step']:.1f} ms ({100 * v['share']:.0f}%)" for g, v in p["groups"].items()))
     for v, p in parities.items():
         if p.get("params_hf") is None:
             print(f"parity vocab {v}: params ours {p['params_ours']:,} (no HF model)")

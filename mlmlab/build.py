@@ -11,6 +11,19 @@ def eval_suffix(rate: float, unit: str = "token") -> str:
     return f"r{round(rate * 100, 2):g}" + {"token": "", "word": "w"}[unit]
 
 
+def eval_masks(blocks: dict, e, ctx, unit: str):
+    """The fixed evaluation masks of ``eval.*`` (``e``) on the validation ``blocks``: Bernoulli per ``unit`` at
+    ``eval.rate`` with ``eval.seed``, ``eval.replace`` split, uniform replacements (``ctx``: the data context) -- a
+    MaskedBatch, the same for every run that shares the blocks and these settings (mlmlab.train, mlmlab.phase)."""
+    from mlmlab.data.tokenizer import MASK
+    from mlmlab.masking import mask_once
+    from mlmlab.masking.replacement import UniformSampler
+
+    return mask_once(blocks["input_ids"], blocks["special_tokens_mask"], e.rate, MASK,
+                     (e.replace.mask, e.replace.random, e.replace.keep), UniformSampler(ctx), e.seed,
+                     unit=unit, word_ids=blocks.get("word_ids") if unit == "word" else None)
+
+
 def build_module(objective, optim, seed: int, suffix: str, encoder_cfg: dict, max_steps: int, recipe):
     """The pretraining LightningModule of ``objective`` (``objective.*``; objective=none: an MLM module that is never
     trained, so the random-init encoder gets the same fixed-mask evaluation and downstream path), with ``optim.*``,

@@ -141,7 +141,7 @@ def resume_wandb_id(resume: str | None) -> str | None:
 RESUME_FREE = ("paths", "resume", "skip_completed", "logger", "downstream", "trainer.checkpoint_every_n_steps",
                "trainer.nonfinite", "trainer.enable_progress_bar", "data.num_workers", "data.num_proc",
                "eval.zeroshot_every_n_steps", "eval.zeroshot_n_per_paradigm", "eval.units",
-               "eval.per_source")
+               "eval.per_source", "eval.phase_margin")
 
 
 def _flatten(d, prefix: str = "") -> dict:
@@ -156,7 +156,9 @@ def _flatten(d, prefix: str = "") -> dict:
 
 
 # what may differ between a finished run and a rerun that skips it (skip_completed=true)
-COMPLETED_FREE = ("paths", "skip_completed", "resume", "analysis")  # analysis.*: what is asked, not what ran
+# analysis.*: what is asked, not what ran; eval.phase_margin: how the record is read (mlmlab.phase), so records from
+# before the key are not rerun for it
+COMPLETED_FREE = ("paths", "skip_completed", "resume", "analysis", "eval.phase_margin")
 
 
 def config_diff(before: dict | None, now: dict, free: tuple[str, ...]) -> list[tuple[str, object, object]]:

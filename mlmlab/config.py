@@ -136,6 +136,21 @@ class EvalConfig:
     # zeroshot_n_per_paradigm pairs each) and the linear probe of the other downstream tasks; null: off
     zeroshot_every_n_steps: int | None = None
     zeroshot_n_per_paradigm: int = 20
+    # the phase rule (mlmlab.phase): an encoder is "lexical" unless its val/mlm_loss_r15 is below the unigram
+    # reference (val/unigram_loss_r15) by this many nats, "past the drop" when below the bigram reference
+    # (val/bigram_loss_r15) by it, "bigram" in between; how a record is read, not how the job runs
+    phase_margin: float = 0.1
+
+    def __post_init__(self):
+        check_phase_margin(self.phase_margin)
+
+
+def check_phase_margin(value) -> None:
+    """``eval.phase_margin``: a finite number of nats >= 0 (a ValueError naming the key otherwise)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    if not ok:
+        raise ValueError(f"eval.phase_margin={value!r} must be a finite number of nats >= 0 (default 0.1): how far "
+                         "below the unigram / bigram reference loss val/mlm_loss_r15 must be to leave a phase")
 
 
 @dataclass
@@ -737,6 +752,7 @@ def validate(cfg: DictConfig) -> None:
     _check(not per_source or cfg.objective.name == "mlm",
            f"eval.per_source=true: the per-source losses are scored at the end for objective=mlm only "
            f"(objective={cfg.objective.name})")
+    _owned(check_phase_margin, cfg.eval.get("phase_margin", 0.1))
     n = cfg.eval.get("zeroshot_every_n_steps")
     _check(n is None or n >= 1, f"eval.zeroshot_every_n_steps={n} must be >= 1 or null (off)")
     _check(cfg.eval.get("zeroshot_n_per_paradigm", 1) >= 1,

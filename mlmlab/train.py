@@ -17,7 +17,7 @@ import hydra
 from omegaconf import DictConfig
 
 from mlmlab.baseline import random_init_baseline, unigram_reference
-from mlmlab.build import build_module, build_recipe, eval_suffix, model_record
+from mlmlab.build import build_module, build_recipe, eval_masks, eval_suffix, model_record
 from mlmlab.config import ConfigError, eval_units, typed, validate
 from mlmlab.flops import step_cost
 from mlmlab.job import (
@@ -29,6 +29,7 @@ from mlmlab.job import (
     trainer_kwargs,
     wandb_group,
 )
+from mlmlab.phase import record_phase
 from mlmlab.pretraining import (
     Data,
     MaskingPlan,
@@ -105,6 +106,7 @@ def _run(cfg: DictConfig, job: Job) -> dict[str, float]:
                                                          data.train_blocks, c.mask.pmi)
             record.set(pmi_units=report)
         masking = build_masking_plan(build_recipe(c.mask, data.ctx, data.train_blocks), c.eval, data)
+        reference = ngram_reference(c.data, c.tokenizer, c.paths, c.eval, data, masking) if objective != "clm" else None
         dm = datamodule(c.data, c.seed, data, masking.val)
     cost = step_cost(c.trainer, c.data, c.model, c.objective, c.mask, data.vocab_size, masking.schedule,
                      data.stats["cand_frac"], data.stats["token_frac"])
@@ -139,6 +141,8 @@ def _run(cfg: DictConfig, job: Job) -> dict[str, float]:
         metrics = pretrain(p, d.batch_size * d.max_seq_len * c.trainer.accumulate_grad_batches, dm, record, plan.budget,
                            ckpt if c.callbacks.checkpoint else None)
     metrics.update(evaluate(p, dm, masking.extra_val, lambda val: datamodule(c.data, c.seed, data, val), record))
+    if reference is not None:  # val/unigram_loss_r15, val/bigram_loss_r15 and results.json phase (mlmlab.phase)
+        metrics.update(record_phase(reference, masking.suffix, metrics, c.eval.phase_margin, record, job.run))
     if not p.trainer.is_global_zero:
         return metrics
     lean = declared_protocols(proto, c.analysis)
@@ -228,16 +232,12 @@ def build_masking_plan(recipe, e, data: Data) -> MaskingPlan:
     """Stage 2: the run's masking ``recipe`` (mlmlab.build.build_recipe of ``mask.*``: the replacement sampler, the
     rate schedule, the masker) with the fixed evaluation masks of ``eval.*`` (``e``: Bernoulli per unit of
     ``eval.units``, uniform replacements) of the validation blocks and (``eval.per_source``) of each mixture source's."""
-    from mlmlab.data.tokenizer import MASK, PAD
-    from mlmlab.masking import mask_once
-    from mlmlab.masking.replacement import UniformSampler
+    from mlmlab.data.tokenizer import PAD
 
     units = eval_units(e)
 
     def masked(vb: dict, unit: str):
-        fixed = mask_once(vb["input_ids"], vb["special_tokens_mask"], e.rate, MASK,
-                          (e.replace.mask, e.replace.random, e.replace.keep), UniformSampler(data.ctx), e.seed,
-                          unit=unit, word_ids=vb.get("word_ids") if unit == "word" else None)
+        fixed = eval_masks(vb, e, data.ctx, unit)
         return fixed, {"input_ids": fixed.input_ids, "labels": fixed.labels, "attention_mask": vb["input_ids"] != PAD,
                        "original_ids": vb["input_ids"], "special_tokens_mask": vb["special_tokens_mask"]}
 
@@ -246,6 +246,17 @@ def build_masking_plan(recipe, e, data: Data) -> MaskingPlan:
     extra.update({f"{eval_suffix(e.rate, units[0])}_mix{i}": masked(vb, units[0])[1]
                   for i, vb in enumerate(data.source_val)})
     return MaskingPlan(recipe, fixed, val, eval_suffix(e.rate, units[0]), extra)
+
+
+def ngram_reference(d, t, paths, e, data: Data, masking: MaskingPlan) -> dict:
+    """Stage 2's references: the unigram and bigram models' loss on the fixed evaluation masks (``masking.fixed``,
+    ``eval.*``: ``e``), counted on the training blocks of ``data.*`` / ``tokenizer.*`` (``d``, ``t``), once per corpus,
+    tokenizer and masks (cached under ``paths.cache_dir``; :mod:`mlmlab.data.ngram`)."""
+    from mlmlab.data.ngram import cached_reference
+    from mlmlab.masking.replacement import UniformSampler
+
+    return cached_reference(d, t, paths.cache_dir, data.tok, data.train_blocks, masking.fixed, e, eval_units(e)[0],
+                            data.ctx, UniformSampler(data.ctx).probs)
 
 
 def datamodule(d, seed: int, data: Data, val: dict):
