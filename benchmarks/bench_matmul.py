@@ -191,6 +191,7 @@ def main(argv=None) -> dict:
     label = cpu_label(kind) if kind else "unknown"
     print(f"CPU: {label} ({kind}); {len(shapes)} shapes x {args.precisions} x threads {args.threads}", flush=True)
     rows, squares, peaks, mixes = [], [], {}, []
+    mix_seq = MIX_SEQ if MIX_SEQ in args.seq else max(args.seq)
     for threads in args.threads:
         torch.set_num_threads(threads)
         for prec in args.precisions:
@@ -212,7 +213,7 @@ def main(argv=None) -> dict:
                 f"{best['op']} {best['pass']} h{best['hidden']} t{best['tokens']}: {best['call']}",
                 "square_flops_per_s": sq["gflops_s"] * 1e9, "encoder_shapes_flops_per_s": best["gflops_s"] * 1e9}
             mixes += [{"precision": prec, "threads": threads, **m} for h in args.hidden for t in args.tokens
-                      if (m := mix(these, h, t)) is not None]
+                      if (m := mix(these, h, t, seq=mix_seq)) is not None]
             print(f"{threads} thread(s) {prec}: square {sq['gflops_s']:.0f} GFLOP/s, best encoder shape "
                   f"{best['gflops_s']:.0f} ({best['op']} {best['pass']} h{best['hidden']} t{best['tokens']})",
                   flush=True)
@@ -220,11 +221,11 @@ def main(argv=None) -> dict:
              for t in peaks.get("bf16", {}) if t in peaks.get("fp32", {})}
     settings = {k: getattr(args, k) for k in ("quick", "hidden", "tokens", "seq", "vocab", "mask_frac", "square",
                                               "threads", "precisions", "min_time", "min_reps", "max_reps", "seed")}
-    settings.update({"head_dim": HEAD_DIM, "mix": {"layers": MIX_LAYERS, "seq": MIX_SEQ},
+    settings.update({"head_dim": HEAD_DIM, "mix": {"layers": MIX_LAYERS, "seq": mix_seq},
                      "timed": "best (and median) of the timed calls after one warm-up call; outputs allocated per "
                               "call as in the encoder, except the square (out=)",
                      "flops": "2 x m x n x k (x batch for bmm); the bias add of F.linear is not counted"})
-    payload = {"machine": machine(), "versions": versions(("torch",)), "settings": settings,
+    payload = {"machine": machine(), "versions": versions(), "settings": settings,
                "results": {"cpu_kind": kind, "cpu_label": label, "native_bf16": native_bf16,
                            "mkldnn_bf16": _mkldnn_bf16(), "peak": peaks, "bf16_over_fp32_peak": ratio,
                            "square": squares, "mix": mixes, "rows": rows}}

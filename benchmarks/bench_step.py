@@ -322,13 +322,16 @@ def profile_steps(model, loss_fn, b, steps: int, autocast: bool = False, impl: s
             t = time.perf_counter()
             step()
             times.append(time.perf_counter() - t)
-    groups, by_op = group_profile(prof.events())
+    events = prof.events()
+    groups, by_op = group_profile(events)
+    sdpa = sum(e.cpu_time_total for e in events if e.name == "aten::scaled_dot_product_attention") / 1e6
     wall = sum(times) / steps
     per_step = {g: s / steps for g, s in groups.items()}
     top = sorted(by_op.items(), key=lambda kv: -kv[1])[:15]
     return {"steps": steps, "profiled_step_s": wall, "profiled_step_s_max": max(times),
             "groups": {g: {"s_per_step": s, "share": s / wall} for g, s in per_step.items()},
             "groups_sum_s": sum(per_step.values()), "coverage": sum(per_step.values()) / wall,
+            "sdpa_forward_inclusive_s": sdpa / steps,  # the SDPA calls of the forward with all they call
             "top_ops": [{"op": n, "group": g, "s_per_step": s / steps} for (n, g), s in top]}
 
 

@@ -1,6 +1,6 @@
 """The README's "Performance" tables, printed as Markdown from the benchmark JSON files (nothing typed by hand).
 
-    python benchmarks/report.py                      # reads benchmarks/results/bench_{masking,step,data,e2e}.json
+    python benchmarks/report.py                      # reads benchmarks/results/bench_{masking,step,data,e2e,matmul}.json
     python benchmarks/report.py --dir /tmp/bench     # another results folder
 """
 
@@ -61,11 +61,90 @@ def step(p: dict) -> str:
     peak = p["results"]["matmul_peak"]["used_flops_per_s"] / 1e9
     s = p["settings"]
     impl = "foreach" if s.get("optimizer", {}).get("foreach") else "for-loop"  # ours' optimizer when it was measured
+    bf16 = p["results"].get("matmul_peak_bf16")  # files since issue 53: a bf16 row's MFU is against the bf16 peak
+    against = (f"the measured fp32 matmul peak ({peak:.0f} GFLOP/s)" if bf16 is None else
+               f"the measured matmul peak of the row's precision (fp32 {peak:.0f} GFLOP/s, bf16 "
+               f"{bf16['used_flops_per_s'] / 1e9:.0f} GFLOP/s)")
     note = (f"\nbatch {s['batch']} x seq {s['seq']}, {s['shape']['num_layers']} layers x {s['shape']['hidden_size']}, "
-            f"{s['threads']} threads, fp32 unless the row says otherwise; MFU against the measured fp32 matmul peak "
-            f"({peak:.0f} GFLOP/s); median of {s['iters']} steps after {s['warmup']} warm-up steps")
+            f"{s['threads']} threads, fp32 unless the row says otherwise; MFU against {against}; median of "
+            f"{s['iters']} steps after {s['warmup']} warm-up steps")
     head = ["vocab", "model", "tokens/s", "x HF", f"x ours (fp32, {impl} AdamW)", "MFU", "step ms",
             "saved for backward"]
+    return md(rows, head) + "\n" + note
+
+
+PROFILE_HEADS = {"matmul": "matmuls", "attention": "attention (SDPA)", "elementwise": "elementwise", "layer_norm":
+                 "layer norm", "softmax_ce": "softmax / CE", "optimizer": "optimizer", "cast": "casts", "python":
+                 "between ops", "other": "other"}
+
+
+def step_profile(p: dict) -> str:
+    """bench_step.py --profile: where our step's time goes, by group of ops, ms per step and share of the profiled
+    step, per vocab and precision."""
+    profiles = p["results"].get("profile")
+    if not profiles:
+        raise KeyError("this bench_step file has no profile (run benchmarks/bench_step.py --profile)")
+    groups = [g for g in PROFILE_HEADS if any(g in q["groups"] for q in profiles)]
+    rows = []
+    for q in profiles:
+        cells = []
+        for g in groups:
+            v = q["groups"].get(g)
+            cells.append("-" if v is None else f"{1e3 * v['s_per_step']:.1f} ({v['share']:.0%})")
+        rows.append([f"{q['vocab']:,}", q["precision"], f"{1e3 * q['step_s']:.0f}", f"{1e3 * q['profiled_step_s']:.0f}",
+                     *cells])
+    head = ["vocab", "precision", "step ms", "profiled step ms", *[f"{PROFILE_HEADS[g]}, ms (share)" for g in groups]]
+    s = p["settings"]
+    over = [q["profiler_overhead"] for q in profiles]
+    note = (f"\nOur step (encoder + sparse MLM head + AdamW), batch {s['batch']} x seq {s['seq']}, "
+            f"{s['shape']['num_layers']} layers x {s['shape']['hidden_size']}, {s['threads']} threads; torch.profiler over "
+            f"{profiles[0]['steps']} steps after one untimed step, each op's self time in the group of its own name or "
+            f"else its caller's; shares of the profiled step time (the profiler adds {min(over):+.0%} to "
+            f"{max(over):+.0%} to the timed step). On the CPU in training (attention dropout) SDPA runs its math path: "
+            f"its bmm count as matmuls, its softmax as softmax / CE, its dropout as elementwise.")
+    return md(rows, head) + "\n" + note
+
+
+MATMUL_OPS = (("qkv", "Q/K/V/out (h x h)"), ("ffn.in", "FFN in (h x 4h)"), ("ffn.out", "FFN out (4h x h)"),
+              ("vocab", "vocab head"), ("attn", "attention bmm"))
+
+
+def matmul(p: dict) -> str:
+    """bench_matmul.py: GFLOP/s fp32 / bf16 per thread count, hidden and tokens: each dense op over its forward and
+    both gradient matmuls, attention's batched matmuls at seq 128 (or the longest measured), and the step's mix."""
+    r = p["results"]
+    seq = max((x["seq"] for x in r["rows"] if "seq" in x), default=None)
+    seq = 128 if any(x.get("seq") == 128 for x in r["rows"]) else seq
+
+    def rate(rows: list[dict]) -> float | None:
+        return sum(x["flops"] for x in rows) / sum(x["best_s"] for x in rows) / 1e9 if rows else None
+
+    def pair(a: float | None, b: float | None) -> str:
+        return " / ".join("-" if v is None else f"{v:,.0f}" for v in (a, b))
+
+    keys = sorted({(x["threads"], x["hidden"], x["tokens"]) for x in r["rows"]})
+    mixes = {(m["threads"], m["hidden"], m["tokens"], m["precision"]): m["gflops_s"] for m in r.get("mix", [])}
+    rows = []
+    for t, h, n in keys:
+        these = [x for x in r["rows"] if (x["threads"], x["hidden"], x["tokens"]) == (t, h, n)]
+        cells = []
+        for op, _ in MATMUL_OPS:
+            sel = [x for x in these if (x["op"].startswith("attn.") and x.get("seq") == seq if op == "attn"
+                                        else x["op"] == op)]
+            cells.append(pair(*(rate([x for x in sel if x["precision"] == pr]) for pr in ("fp32", "bf16"))))
+        mf, mb = mixes.get((t, h, n, "fp32")), mixes.get((t, h, n, "bf16"))
+        rows.append([str(t), str(h), f"{n:,}", *cells, pair(mf, mb), f"{mb / mf:.2f}x" if mf and mb else "-"])
+    head = ["threads", "hidden", "tokens", *[f"{name}, GFLOP/s" for _, name in MATMUL_OPS], "step mix, GFLOP/s",
+            "bf16 / fp32 (mix)"]
+    s = p["settings"]
+    peaks = "; ".join(pr + " " + ", ".join(f"{v['flops_per_s'] / 1e9:,.0f} at {t} thread(s) ({v['where']})"
+                                           for t, v in by_t.items()) for pr, by_t in r["peak"].items())
+    note = (f"\nEach cell fp32 / bf16: FLOPs over time of the op's forward (`F.linear`), input-gradient and weight-"
+            f"gradient matmuls (attention: q k^T, p v and p^T g at seq {seq}, heads of 64), best of the timed calls; "
+            f"vocab head: hidden x {s['vocab']:,} on {s['mask_frac']:.0%} of the tokens; step mix: a "
+            f"{s['mix']['layers']}-layer step's matmuls at seq {s['mix']['seq']}. Peak (the best of the "
+            f"{s['square']} x {s['square']} square matmul and every shape): {peaks}. CPU: {r['cpu_label']} "
+            f"(`{r['cpu_kind']}`).")
     return md(rows, head) + "\n" + note
 
 
@@ -231,7 +310,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default=str(RESULTS_DIR))
     d = Path(ap.parse_args(argv).dir)
-    for name, fn in (("bench_masking", masking), ("bench_step", step), ("bench_data", data), ("bench_e2e", e2e)):
+    for name, fn in (("bench_masking", masking), ("bench_step", step), ("bench_data", data), ("bench_e2e", e2e),
+                     ("bench_matmul", matmul)):
         p = load(d, name)
         print(f"### {name}\n")
         if p is None:
@@ -239,6 +319,8 @@ def main(argv=None) -> None:
             continue
         print(f"{where(p)}\n")
         print(fn(p) + "\n")
+        if name == "bench_step" and p["results"].get("profile"):
+            print(f"### bench_step profile\n\n{step_profile(p)}\n")
 
 
 if __name__ == "__main__":

@@ -243,3 +243,69 @@ def test_time_to_pay_is_the_first_budget_whose_gain_is_above_zero_over_pretraini
     assert ttp.job_args(a, 5, 0)[-1] == "downstream.score_split=selection"  # the benchmark's default
     b = ttp.parse_args(["--name", "t", "--score-split", "reported", "--overrides", "experiment=real_en"])
     assert ttp.job_args(b, 5, 0)[-1] == "downstream.score_split=reported"
+
+
+def _run_bench(script: str, *args: str, out) -> dict:
+    """A benchmark script at its ``--quick`` size, in its own process (it sets torch's thread count), into ``out``."""
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--quick", *args, "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    return json.loads(out.read_text())
+
+
+def _bench_report():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import report as bench_report
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return bench_report
+
+
+def test_bench_matmul_quick_reports_both_precisions_and_a_peak_each(tmp_path):
+    """benchmarks/bench_matmul.py: every encoder shape in fp32 and bf16 at each thread count, a peak per precision
+    and thread count (the best of the square and the shapes), the step mix, the CPU named; its table renders."""
+    r = _run_bench("bench_matmul.py", out=tmp_path / "m.json")["results"]
+    assert {x["precision"] for x in r["rows"]} == {"fp32", "bf16"} and {x["threads"] for x in r["rows"]} == {1, 2}
+    assert {x["op"] for x in r["rows"]} == {"qkv", "ffn.in", "ffn.out", "vocab", "attn.score", "attn.context",
+                                           "attn.context_t"}
+    for x in r["rows"]:
+        assert x["gflops_s"] == pytest.approx(x["flops"] / x["best_s"] / 1e9) and x["gflops_s"] > 0
+    for prec in ("fp32", "bf16"):
+        for t in ("1", "2"):
+            best = max(x["gflops_s"] for x in r["rows"] + r["square"] if (x["precision"], x["threads"]) == (prec, int(t)))
+            assert r["peak"][prec][t]["flops_per_s"] == pytest.approx(best * 1e9)
+    assert {(m["precision"], m["threads"]) for m in r["mix"]} == {(p, t) for p in ("fp32", "bf16") for t in (1, 2)}
+    assert r["cpu_label"] and r["cpu_kind"]
+    table = _bench_report().matmul(json.loads((tmp_path / "m.json").read_text()))
+    assert table.count("\n| ") == 1 + 4 and "Peak (the best of the" in table  # rule + 2 hidden x 1 tokens x 2 threads
+
+
+def test_bench_step_quick_mfu_per_precision_and_a_profile_that_adds_up(tmp_path):
+    """benchmarks/bench_step.py --bf16 --profile: each row's MFU against the peak of its own precision (the bf16 row
+    also against fp32's, the old meaning); the profile's groups of ops add up to the profiled step time (self times
+    do not overlap; within 10%), matmuls, the optimizer and (bf16) casts among them; both tables render."""
+    p = _run_bench("bench_step.py", "--bf16", "--profile", "--no-hf", "--vocab", "512", "--threads", "1",
+                   out=tmp_path / "s.json")
+    r = p["results"]
+    peaks = {"fp32": r["matmul_peak"]["used_flops_per_s"], "bf16": r["matmul_peak_bf16"]["used_flops_per_s"]}
+    rows = {x["model"]: x for x in r["rows"]}
+    assert rows["ours"]["precision"] == "fp32" and rows["ours+bf16"]["precision"] == "bf16"
+    for x in rows.values():
+        assert x["peak_flops_s"] == peaks[x["precision"]]
+        assert x["mfu_counted"] == pytest.approx(x["achieved_flops_s_counted"] / peaks[x["precision"]])
+    assert rows["ours+bf16"]["mfu_counted_vs_fp32_peak"] == pytest.approx(
+        rows["ours+bf16"]["achieved_flops_s_counted"] / peaks["fp32"])
+    prof = {q["precision"]: q for q in r["profile"]}
+    assert set(prof) == {"fp32", "bf16"}
+    for q in prof.values():
+        groups = {g: v["s_per_step"] for g, v in q["groups"].items()}
+        assert list(groups) == ["matmul", "attention", "elementwise", "layer_norm", "softmax_ce", "optimizer", "cast",
+                                "python", "other"]
+        assert min(groups.values()) >= 0 and groups["matmul"] > 0 and groups["optimizer"] > 0
+        assert sum(groups.values()) == pytest.approx(q["profiled_step_s"], rel=0.1)
+        assert sum(v["share"] for v in q["groups"].values()) == pytest.approx(1.0, abs=0.1)
+    assert prof["bf16"]["groups"]["cast"]["s_per_step"] > 0
+    bench_report = _bench_report()
+    assert "bf16 " in bench_report.step(p) and "the measured matmul peak of the row's precision" in bench_report.step(p)
+    assert bench_report.step_profile(p).count("\n| ") == 1 + 2  # the rule + a row per precision

@@ -218,7 +218,7 @@ def test_parallel_jobs_build_one_cache(tmp_path):
     made = [re.search(r"cache: built (\w+)/(\w+)/", line).groups() for line in built]
     assert len(made) == len(set(made)), built  # each artefact once, whichever job won the lock
     # token_counts: the unigram plateau reference every MLM job records (results.json data.unigram_entropy)
-    assert {k for k, _ in made} == {"tokenizer", "tokens", "blocks", "token_counts"}
+    assert {k for k, _ in made} == {"tokenizer", "tokens", "blocks", "token_counts", "ngram_reference"}
     for kind in {k for k, _ in made}:
         assert sorted(p.name for p in (cache / kind).iterdir()) == sorted(h for k, h in made if k == kind)
     a, b = (json.loads((tmp_path / f"job{i}" / "results.json").read_text()) for i in range(2))
