@@ -89,6 +89,8 @@ OPTIONS = {
     "family": Opt("metrics adjusted with the primary (Holm; default: the runs' analysis.family; with no primary "
                   "declared, every metric asked is one family)", many=True),
     "delta": Opt("equivalence margin on the primary metric (default: the runs' analysis.delta)", type=float),
+    "ignore": Opt("config keys declared irrelevant to the comparison (a key, or a prefix: downstream.finetune); "
+                  "runs that differ in any other key outside by and pair_on are refused", many=True),
     "include_failed": Opt("keep failed runs in the table (their metrics are mostly missing)", False, BOOL),
     "items_vs": Opt("RUN[:random_init]: compare the per-item predictions of the run source (or source:random_init) "
                     "with this one: paired bootstrap CI, McNemar, minimal detectable difference"),
@@ -216,7 +218,10 @@ def _main(a) -> int:
             base = _cli_value(a.baseline, df[a.by[0]])
             declared = declared_question(df, a.primary, a.family, a.delta)
             metrics = list(dict.fromkeys([*a.metric, *declared.metrics_family(a.metric)]))
-            comparison = question(df, a.by[0], base, metrics, declared, pair_on=a.pair_on)
+            comparison = question(df, a.by[0], base, metrics, declared, pair_on=a.pair_on, ignore=a.ignore or ())
+            for metric, runs in comparison.attrs.get("missing", {}).items():  # each would drop a seed unnamed
+                print(f"warning: {len(runs)} finished run(s) lack {metric}, left out of its pairs: {', '.join(runs)}",
+                      file=sys.stderr)
     except (NoRunsError, KeyError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ last one trained) and the global RNG states that dropout draws from (saved and r
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -137,9 +138,55 @@ def resume_wandb_id(resume: str | None) -> str | None:
     return (ckpt.get("mlmlab") or {}).get("wandb_id") if isinstance(ckpt, dict) else None
 
 
+def folder_checkpoints(output_dir: Path) -> list[Path]:
+    """The checkpoints a job's output dir already holds (``checkpoints/last.ckpt`` first, then any other ``*.ckpt`` in
+    it or in ``checkpoints/``, by name)."""
+    d, last = Path(output_dir), Path(output_dir) / "checkpoints" / "last.ckpt"
+    found = sorted({*d.glob("*.ckpt"), *(d / "checkpoints").glob("*.ckpt")})
+    return sorted((p for p in found if p.is_file()), key=lambda p: p != last)
+
+
+def check_not_overwriting(output_dir, resume: str | None, overwrite: bool, skip_completed: bool = False,
+                          multirun: bool = False) -> None:
+    """A job started without ``resume=`` into an output dir that already holds a checkpoint would start again at step 0
+    and replace it: refused before any work (ConfigError, one line giving the exact ``resume=`` that continues it and
+    ``overwrite=true`` that starts again). A fresh dir, ``resume=`` or ``overwrite=true``: nothing to check. Not
+    refused, but logged as a warning with the same line: a multirun's job (a sweep's replay reruns its failed, missing
+    and changed jobs in their dirs, and no one ``resume=`` fits every job) and, with ``skip_completed=true``, a
+    finished (ok) record's dir that ``skip_completed`` decided to run again (a changed config; it said so)."""
+    if resume is not None or overwrite:
+        return
+    out = Path(str(output_dir)).expanduser()
+    ckpts = folder_checkpoints(out)
+    if not ckpts:
+        return
+    path = ckpts[0]
+    try:
+        status = json.loads((out / "results.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):  # killed before its record: none
+        status = None
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        step = f", global step {ckpt['global_step']}" if isinstance(ckpt, dict) and "global_step" in ckpt else ""
+    except Exception:  # an unreadable checkpoint is still not overwritten silently
+        step = ""
+    what = ("a finished run (results.json: ok; skip_completed=true keeps it when the config is the same)"
+            if status == "ok" else f"a run that did not finish ok (results.json: {status or 'none'})")
+    more = f" (and {len(ckpts) - 1} more .ckpt)" if len(ckpts) > 1 else ""
+    msg = (f"paths.output_dir={out} already holds a checkpoint ({path}{step}){more} of {what}; continue it with "
+           f"resume={out if path == out / 'checkpoints' / 'last.ckpt' else path}, or start again from step 0 "
+           "(replacing it) with overwrite=true")
+    if multirun or (status == "ok" and skip_completed):
+        why = "a multirun job" if multirun else "skip_completed"
+        log.warning("%s; %s: running the job again from step 0", msg, why)
+        return
+    raise ConfigError(msg)
+
+
 # what may differ between a checkpoint's run and the run that resumes it (nothing of the pretraining itself)
-RESUME_FREE = ("paths", "resume", "skip_completed", "logger", "downstream", "trainer.checkpoint_every_n_steps",
-               "trainer.nonfinite", "trainer.enable_progress_bar", "data.num_workers", "data.num_proc",
+RESUME_FREE = ("paths", "resume", "skip_completed", "overwrite", "logger", "downstream",
+               "trainer.checkpoint_every_n_steps", "trainer.nonfinite", "trainer.enable_progress_bar",
+               "data.num_workers", "data.num_proc",
                "eval.zeroshot_every_n_steps", "eval.zeroshot_n_per_paradigm", "eval.units",
                "eval.per_source", "eval.phase_margin")
 
@@ -158,7 +205,7 @@ def _flatten(d, prefix: str = "") -> dict:
 # what may differ between a finished run and a rerun that skips it (skip_completed=true)
 # analysis.*: what is asked, not what ran; eval.phase_margin: how the record is read (mlmlab.phase), so records from
 # before the key are not rerun for it
-COMPLETED_FREE = ("paths", "skip_completed", "resume", "analysis", "eval.phase_margin")
+COMPLETED_FREE = ("paths", "skip_completed", "resume", "overwrite", "analysis", "eval.phase_margin")
 
 
 def config_diff(before: dict | None, now: dict, free: tuple[str, ...]) -> list[tuple[str, object, object]]:

@@ -414,6 +414,7 @@ class TrainConfig:
     seed: int = 0
     skip_completed: bool = False  # re-running a sweep: jobs with a complete results.json of the same config are skipped
     resume: str | None = None  # a run dir (its checkpoints/last.ckpt) or a .ckpt path: continue that pretraining exactly
+    overwrite: bool = False  # true: start again (step 0) in an output dir that holds a checkpoint, replacing it
     init: InitConfig = field(default_factory=InitConfig)  # start from an encoder (continued pretraining): mlmlab.init
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -893,6 +894,8 @@ def validate_reliability(cfg: DictConfig) -> None:
     th = t.get("threads", "auto")
     _check(valid_threads(th), f"trainer.threads={th!r}; allowed: auto, or an integer >= 1")
     r = cfg.get("resume")
+    _check(not (cfg.get("overwrite") and r is not None), f"overwrite=true and resume={r!r} contradict each other: "
+           "resume= continues that checkpoint, overwrite=true starts again from step 0; give one of them")
     if r is not None:
         _check(cfg.objective.name != "none", "resume= needs a pretraining objective (objective=none trains nothing)")
         p = resume_path(r)

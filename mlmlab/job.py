@@ -13,7 +13,7 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from mlmlab.config import ConfigError, to_container
-from mlmlab.sweep import clear_running, global_rank, mark_running
+from mlmlab.sweep import JOB_LOCK, clear_running, global_rank, lock_folder, mark_running, unlock_folder
 
 log = logging.getLogger(__name__)
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -162,7 +162,7 @@ def completed_metrics(cfg: DictConfig) -> dict[str, float] | None:
                     ", ".join(k for k, _, _ in changed))
         return None
     log.info("skip_completed: %s is complete; not running this job again", path)
-    return r["metrics"]
+    return {k: float("nan") if v is None else v for k, v in r["metrics"].items()}  # null: missing (NaN), as written
 
 
 class Job:
@@ -192,8 +192,11 @@ class Job:
         self.config: dict = {}
         self.run = None  # the W&B run, once the job has started it
         self.ok = False
+        self.locked = False  # whether this Job took its folder's lock (released when it ends)
 
     def __enter__(self) -> Job:
+        if self.rank == 0:  # first of all: another live job in this folder is refused before anything is written
+            self.locked = lock_folder(self.out_dir, JOB_LOCK, "job")
         try:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             if self.rank == 0:  # first: a sweep's summary tells this running job (even while checking) from a killed one
@@ -205,8 +208,14 @@ class Job:
             self._failed(e)
             if self.rank == 0:
                 clear_running(self.out_dir)
+            self._unlock()
             raise
         return self
+
+    def _unlock(self) -> None:
+        if self.locked:
+            unlock_folder(self.out_dir, JOB_LOCK)
+            self.locked = False
 
     def done(self, metrics: dict[str, float]) -> dict[str, float]:
         self.record.set(status="ok", metrics=metrics)
@@ -226,7 +235,10 @@ class Job:
         finally:
             if self.rank == 0:
                 clear_running(self.out_dir)
-            self._finish_wandb()
+            try:
+                self._finish_wandb()
+            finally:
+                self._unlock()
         return False
 
     def _finish_wandb(self) -> None:

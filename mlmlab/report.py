@@ -212,7 +212,8 @@ def _question_rows_uncached(spec: dict, base: Path):
     ck = json.dumps(sorted(map(str, df["run_dir"].unique())))
     if ck not in _COUNTS:  # the evaluation sets' labels (the gate's constant predictor), from any record that kept them
         _COUNTS[ck] = label_counts(list(df["run_dir"].unique()), also=[base])
-    t = question(df, spec["by"], spec["baseline"], keys, declared, names=names, counts=_COUNTS[ck])
+    t = question(df, spec["by"], spec["baseline"], keys, declared, names=names, counts=_COUNTS[ck],
+                 ignore=spec.get("ignore") or ())  # keys declared irrelevant to the comparison (tables.yaml ignore:)
     if spec.get("sequential") and q:  # run in rounds: the primary's inference is the sequential rule's
         state = _load(base / spec["sequential"] / "sequential.json")
         results, design = sequential_results(df, spec["by"], spec["baseline"], q["primary"], state, names=names)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import subprocess
@@ -87,9 +88,28 @@ class RunRecord:
         if self.data["status"] != "ok" and _completed(path):
             path = self.output_dir / "results.failed.json"  # never overwrite a finished run with a failure
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, default=str, allow_nan=True))
+        tmp.write_text(dumps(self.data, indent=2, default=str))
         os.replace(tmp, path)
         return path
+
+
+def finite(obj):
+    """``obj`` with every NaN / inf float (also numpy's) replaced by None, recursively through dicts, lists and tuples:
+    strict JSON has no NaN, so a record says null where a value is missing (the readers take null as missing)."""
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    if isinstance(obj, float) or type(obj).__module__ == "numpy" and hasattr(obj, "dtype") and obj.dtype.kind == "f" \
+            and obj.ndim == 0:
+        return float(obj) if math.isfinite(obj) else None
+    return obj
+
+
+def dumps(obj, **kw) -> str:
+    """Strict JSON of a record (``results.json``, ``summary.json``, ``sequential.json``): non-finite floats as null
+    (:func:`finite`), and ``allow_nan=False`` so one that slips through (through ``default=``) fails loudly."""
+    return json.dumps(finite(obj), allow_nan=False, **kw)
 
 
 def _completed(path: Path) -> bool:

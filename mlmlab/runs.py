@@ -124,7 +124,7 @@ def _row_from_results(job_dir: Path, r: dict) -> dict:
     pre = (r.get("source_checkpoint") or {}).get("pretrain_config")
     row.update(_flatten(pre) if isinstance(pre, dict) else {})
     row.update(_flatten(r.get("config") or {}))
-    row.update(r.get("metrics") or {})
+    row.update({k: float("nan") if v is None else v for k, v in (r.get("metrics") or {}).items()})  # null: missing
     row.update({f"timings.{k}": v for k, v in (r.get("timings_s") or {}).items()})
     if r.get("status") != "ok" and r.get("error"):
         row["error"] = f"{r['error'].get('type')}: {r['error'].get('message')}"

@@ -549,12 +549,14 @@ class SequentialPlan:
     below ``min_seeds`` (capped at ``max_seeds``): a look at 2 seeds has a boundary of |t| ~ 35 under Pocock
     spending, so it practically never stops, yet spends alpha. ``spending``: the Lan-DeMets alpha-spending function.
     Records written before ``min_seeds`` existed ran with ``min_seeds=2`` (:func:`mlmlab.tables.declared_question`
-    rebuilds that plan for them)."""
+    rebuilds that plan for them). ``replan``: a sweep folder whose ``sequential.json`` declares another plan is refused
+    unless true, which records the change there (:func:`mlmlab.rounds.check_plan`); not part of the plan itself."""
     max_seeds: int | None = None
     round: int = 2
     first: int | None = None
     spending: str = "pocock"
     min_seeds: int = 4
+    replan: bool = False  # true: re-run a sweep folder under a plan other than its sequential.json's, recorded there
 
     def __post_init__(self):
         if self.spending not in SPENDING:

@@ -115,15 +115,17 @@ def aggregate(df: pd.DataFrame, by: str | Sequence[str], metric: str | Sequence[
 
 
 def compare(df: pd.DataFrame, by: str, baseline, metric: str = DEFAULT_METRIC, pair_on: str = "seed",
-            level: float = 0.95) -> pd.DataFrame:
+            level: float = 0.95, ignore: Sequence[str] = ()) -> pd.DataFrame:
     """Each value of ``by`` against ``baseline``, paired on ``pair_on`` (the pretraining seed: the same seed sees the
     same data order): mean difference, its std, n pairs, t CI, the two-sided paired t-test p-value (raw: for a
     family's adjusted p and the verdict, :func:`mlmlab.verdicts.question_table`) and the minimal detectable
-    difference at 80% power (exact noncentral t, :func:`mlmlab.stats.mdd`)."""
+    difference at 80% power (exact noncentral t, :func:`mlmlab.stats.mdd`). Runs made under different protocols are
+    refused (:func:`same_protocol`; ``ignore``: the keys declared irrelevant)."""
     by, metric, pair_on = _columns(df, by)[0], _columns(df, metric)[0], _columns(df, pair_on)[0]
     if baseline not in set(df[by]):
         raise ValueError(f"baseline {by}={baseline!r} is not among the runs; present: {sorted(set(df[by]), key=str)}")
     _one_run_per_pair(df, by, metric, pair_on)
+    same_protocol(df, by, [metric], pair_on, ignore)
     wide = df.pivot_table(index=pair_on, columns=by, values=metric, aggfunc="mean")
     if baseline not in wide.columns:  # pivot_table drops a column with no values: say which, not a KeyError
         raise ValueError(f"baseline {by}={baseline!r} has no value of {metric} (older records may lack it); "
@@ -143,12 +145,15 @@ def compare(df: pd.DataFrame, by: str, baseline, metric: str = DEFAULT_METRIC, p
 
 
 def question(df: pd.DataFrame, by: str, baseline, metrics: str | Sequence[str], declared=None, pair_on: str = "seed",
-             names: dict | None = None, counts: dict | None = None, also: Sequence = ()) -> pd.DataFrame:
+             names: dict | None = None, counts: dict | None = None, also: Sequence = (),
+             ignore: Sequence[str] = ()) -> pd.DataFrame:
     """Every arm of ``by`` against ``baseline`` on every metric, paired on the pretraining seed, with the declared
     question's adjusted p-values, the regime gate and verdicts (:func:`mlmlab.verdicts.question_table`; ``declared``:
     a :class:`mlmlab.stats.Question`, default :func:`declared_question` of the runs). The gate's constant predictor
     reads each task's evaluation labels: ``counts`` (task -> {label: count}), else the runs' own per-item predictions
-    (:func:`mlmlab.runs.label_counts`, with ``also``: more folders to find a task's labels in)."""
+    (:func:`mlmlab.runs.label_counts`, with ``also``: more folders to find a task's labels in). Runs made under
+    different protocols are refused (:func:`same_protocol`; ``ignore``: keys declared irrelevant); a finished run
+    that lacks a declared metric is named in ``attrs["missing"]`` (:func:`mlmlab.verdicts.question_table`)."""
     from mlmlab.runs import label_counts
     from mlmlab.verdicts import question_table
 
@@ -156,6 +161,7 @@ def question(df: pd.DataFrame, by: str, baseline, metrics: str | Sequence[str], 
     metrics = _columns(df, metrics)
     for m in metrics:
         _one_run_per_pair(df, by, m, pair_on)
+    same_protocol(df, by, metrics, pair_on, ignore)
     if counts is None and "run_dir" in df.columns:
         counts = label_counts([d for d in df["run_dir"].dropna().unique()], also)
     return question_table(df, by, baseline, metrics, declared or declared_question(df), pair_on, names, counts)
@@ -194,6 +200,80 @@ def _one_run_per_pair(df: pd.DataFrame, by: str, metric: str, pair_on: str) -> N
     raise ValueError(f"{by}={value!r}, {pair_on}={seed}: {len(same)} runs have a value of {metric} ({runs}); {why}. "
                      "Keep one per arm and seed (where=<key>=<value>, or select() in Python), or compare by the key "
                      "that tells them apart")
+
+
+# keys that only say where or how a job ran, or what it recorded: never a protocol difference
+NEVER_PROTOCOL = {"run_dir", "status", "overrides", "error", "checkpoint", "skip_completed", "resume", "trainer.threads",
+                  "trainer.accelerator", "trainer.compile", "trainer.enable_progress_bar", "trainer.log_every_n_steps",
+                  "trainer.checkpoint_every_n_steps", "data.num_proc", "data.num_workers", "data.val_batch_size",
+                  "downstream.wandb_runs", "downstream.task_dirs", "downstream.reuse_random_init",
+                  "downstream.random_init_baseline",  # which job computed the seed's shared random-init row
+                  "downstream.zeroshot.batch_size", "overwrite",  # overwrite=true: where a job ran again, not how
+                  "eval.per_source"}  # adds per-source metrics; the ones compared are scored the same with or without
+NEVER_PROTOCOL_PREFIXES = ("wandb.", "logger.", "paths.", "timings.", "hydra.", "launcher.", "analysis.", "callbacks.")
+# keys that must be equal across every arm compared (unless the axis, under it, or ignored): how an arm is measured
+PROTOCOL_PREFIXES = ("downstream.", "eval.", "data.", "tokenizer.", "model.", "trainer.budget.", "optim.", "objective.")
+PROTOCOL_KEYS = {"trainer.max_steps"}
+
+
+def _ignored(key: str, ignore: Sequence[str]) -> bool:
+    """``key`` is one of ``ignore``, under one (``downstream.finetune`` covers ``downstream.finetune.lr``) or matches a
+    pattern (``downstream.*``)."""
+    import fnmatch
+
+    return any(key == i or key.startswith(i.rstrip(".*") + ".") or fnmatch.fnmatchcase(key, i) for i in ignore)
+
+
+def same_protocol(df: pd.DataFrame, by: str, metrics: Sequence[str], pair_on: str = "seed",
+                  ignore: Sequence[str] = ()) -> None:
+    """A ValueError (one line, naming the keys and their values) when the runs that enter a comparison (those with a
+    value of one of ``metrics``) were made under different protocols. Per config key other than ``by`` (and the keys
+    under it), ``pair_on``, the keys of :data:`NEVER_PROTOCOL` and ``ignore``:
+
+    * values that differ among the runs of one arm (across seeds): a protocol difference;
+    * values that are a function of the arm: the arm's definition (``mask.name`` under ``by=mask.sampler._target_``),
+      accepted -- except the protocol keys (``downstream.*``, ``eval.*``, ``data.*``, ``tokenizer.*``, ``model.*``,
+      ``trainer.max_steps``, ``trainer.budget.*``, ``optim.*``, ``objective.*``), which must be equal across all arms
+      unless they sit beside ``by`` (``by=objective.name``: ``objective.temperature`` is the arm's too).
+
+    A key one run lacks reads as ``<unset>``: a run from before the key existed is refused until it is ignored."""
+    if by not in df.columns:
+        return
+    seen = set()
+    for m in metrics:  # per metric: the runs that pair on it (a pretraining record and its fine-tuning record apart)
+        if m in df.columns:
+            runs = df[df[m].notna() & df[by].notna()]
+            if len(runs) > 1 and (key := tuple(runs.index)) not in seen:
+                seen.add(key)
+                named = [x.strip() for n in metrics for x in n.split(DIFFERENCE)]  # a metric without "/" is no key
+                _same_protocol(runs, by, pair_on, [*ignore, *named])
+
+
+def _same_protocol(runs: pd.DataFrame, by: str, pair_on: str, ignore: Sequence[str]) -> None:
+    def text(v) -> str:
+        if isinstance(v, (list, tuple, dict)):
+            return str(v)
+        return "<unset>" if pd.isna(v) else str(v)
+
+    parent = by.rpartition(".")[0] + "." if "." in by else ""  # by=objective.name: objective.* defines the arm too
+    within, across = [], []
+    for c in runs.columns:
+        if ("/" in c or DIFFERENCE in c or c in (by, pair_on) or c.startswith(by + ".") or c in NEVER_PROTOCOL
+                or c.startswith(NEVER_PROTOCOL_PREFIXES) or _ignored(c, ignore)):
+            continue
+        vals = runs[c].map(text)
+        if vals.nunique() < 2:
+            continue
+        per_arm = vals.groupby(runs[by]).agg(lambda s: sorted(set(s)))
+        arms = ", ".join(f"{by}={a!s}: {' | '.join(x[:60] for x in v[:3])}{' ...' if len(v) > 3 else ''}"
+                         for a, v in per_arm.items())
+        if (per_arm.map(len) > 1).any():
+            within.append(f"{c} varies within an arm ({arms})")
+        elif (c in PROTOCOL_KEYS or c.startswith(PROTOCOL_PREFIXES)) and not (parent and c.startswith(parent)):
+            across.append(f"{c} differs across arms ({arms})")
+    if within or across:
+        raise ValueError(f"the runs compared were made under different protocols: {'; '.join(within + across)}. "
+                         "Select runs made alike (where=), or declare the keys irrelevant: ignore=[<key>,...]")
 
 
 def label_budget_curve(df: pd.DataFrame, task: str, metric: str = "acc", by: str | None = None,

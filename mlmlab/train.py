@@ -50,11 +50,19 @@ log = logging.getLogger(__name__)  # (W&B offline and silent by default: mlmlab.
 def train(cfg: DictConfig) -> dict[str, float]:
     """Run one job; returns its metrics. Writes ``results.json`` (ok or failed) and finishes W&B whatever happens.
     ``skip_completed=true``: a job whose output dir already holds a complete record of the same config returns that
-    record's metrics without running (re-running a sweep reruns only its failed, partial or changed jobs)."""
+    record's metrics without running (re-running a sweep reruns only its failed, partial or changed jobs). An output
+    dir that already holds a checkpoint is refused without ``resume=`` or ``overwrite=true`` (never replaced silently;
+    in a multirun: a warning, :func:`mlmlab.checkpoint.check_not_overwriting`)."""
     if cfg.get("skip_completed"):
         done = completed_metrics(cfg)
         if done is not None:
             return done
+    from mlmlab.checkpoint import check_not_overwriting
+    from mlmlab.job import hydra_info
+
+    # before the Job: a refused job writes nothing into the dir (its record and marker stay the earlier run's)
+    check_not_overwriting(cfg.paths.output_dir, cfg.get("resume"), cfg.get("overwrite", False),
+                          bool(cfg.get("skip_completed")), bool(hydra_info().get("multirun")))
     with Job(cfg, check_job) as job:
         return job.done(_run(cfg, job))
 

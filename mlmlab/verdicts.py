@@ -82,7 +82,9 @@ def question_table(df: pd.DataFrame, by: str, baseline, metrics: Sequence[str], 
     seeds 80% power needs at ``delta`` (or at the observed difference), each side's gain over random init (or the
     start) over seeds where the metric has one, the regime gate's reading (``gate``: :func:`mlmlab.stats.gate`, with
     the chance floor from ``counts``, task -> {label: count} of its evaluation set), the role (primary / family /
-    exploratory) and the verdict."""
+    exploratory) and the verdict. ``attrs["missing"]``: per declared metric, the finished runs that lack it
+    (:func:`missing_runs`); where the primary is among them, its rows are "not decided: <k> run(s) lack <metric>"
+    (``lacking``: k)."""
     q = question or Question()
     metrics = list(metrics)
     col = "downstream.score_split"
@@ -97,6 +99,7 @@ def question_table(df: pd.DataFrame, by: str, baseline, metrics: Sequence[str], 
     if missing:
         raise ValueError(f"the family's metrics {missing} are not among those compared ({metrics}); add them to metric=")
     name = (lambda v: str((names or {}).get(str(v), v)))  # noqa: E731
+    lacking = missing_runs(df, by, family, pair_on)
     rows = []
     for m in metrics:
         base = _per_seed(df, by, baseline, m, pair_on)
@@ -126,12 +129,32 @@ def question_table(df: pd.DataFrame, by: str, baseline, metrics: Sequence[str], 
                          "baseline_gain": _gain(base_gain), "arm_gain": _gain(arm_gain),
                          "pays": stats.pays(base_gain.to_numpy()) if len(base_gain) else None,
                          "floors": fl,
-                         "gate": stats.gate(base_gain.to_numpy(), arm_gain.to_numpy(), fl)})
+                         "gate": stats.gate(base_gain.to_numpy(), arm_gain.to_numpy(), fl),
+                         "lacking": len(lacking.get(m, [])) if m == q.primary else 0})
     t = pd.DataFrame(rows)
+    t.attrs["missing"] = lacking
     if t.empty:
         return t
     t.attrs["question"] = q
     return readjust([t], q)[0]
+
+
+def missing_runs(df: pd.DataFrame, by: str, metrics: Sequence[str], pair_on: str = "seed") -> dict[str, list]:
+    """Per declared metric (primary and family), the finished runs (``status`` ok) of an arm whose arm and seed have
+    no value of it (a record beside it that has one -- its fine-tuning job -- counts): each would drop a seed from
+    the pairs unnamed. Their ``run_dir`` (the row index where there is none); metrics no run lacks are left out."""
+    ok = df[df[by].notna()]
+    if "status" in ok.columns:
+        ok = ok[ok["status"].fillna("ok") == "ok"]
+    out = {}
+    for m in metrics:
+        if m not in ok.columns:
+            continue
+        has = ok[m].notna().groupby([ok[by], ok[pair_on]], dropna=False).transform("any") if pair_on in ok.columns else ok[m].notna()
+        runs = ok[~has]
+        if len(runs):
+            out[m] = [str(r) for r in (runs["run_dir"] if "run_dir" in runs.columns else runs.index)]
+    return out
 
 
 def readjust(tables: Sequence[pd.DataFrame], q: Question) -> list[pd.DataFrame]:
@@ -198,6 +221,9 @@ def _gain(s: pd.Series) -> stats.Interval | None:
 def _word(r: pd.Series, q: Question) -> str:
     if r["role"] == "exploratory":
         return "exploratory"
+    k = r.get("lacking")
+    if r["role"] == "primary" and k and k == k:  # a finished run without the primary: the pairs lost a seed unnamed
+        return f"not decided: {int(k)} run(s) lack {r['metric']}"
     iv = stats.Interval(r["diff"], r["sd"], int(r["n"]), r["high"] - r["diff"], r["p"])
     gate = r.get("gate")  # each metric with a comparator is gated on itself; the question's regime is the primary's
     return stats.verdict(iv, r["p_holm"], r["p_equiv_holm"], arm=r["arm"], baseline=r["baseline"],

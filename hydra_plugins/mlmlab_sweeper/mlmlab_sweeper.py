@@ -1,10 +1,12 @@
 """mlmlab's Hydra sweeper (``hydra/sweeper: basic`` or ``mlmlab``, the default): Hydra's basic sweeper (the
-grid of the command line and of a ``+sweep=`` file's ``hydra.sweeper.params``) with two additions:
+grid of the command line and of a ``+sweep=`` file's ``hydra.sweeper.params``) with three additions:
 
 - a multirun never silently redoes finished work: each job runs with ``skip_completed=true`` unless the command line
   says ``skip_completed=false`` (which forces every job to run again);
 - a sweep that declares ``analysis.sequential.max_seeds`` runs its pretraining seeds in rounds and stops when the
-  question is settled (:mod:`mlmlab.rounds`).
+  question is settled (:mod:`mlmlab.rounds`), under the plan its folder's ``sequential.json`` declares (another one
+  only with ``analysis.sequential.replan=true``);
+- one multirun per sweep dir: the parent process holds ``<sweep dir>/.sweep.lock`` (:func:`mlmlab.sweep.lock_sweep`).
 
 Hydra loads sweepers only from the ``hydra_plugins`` namespace package; the logic lives in :mod:`mlmlab.rounds`."""
 
@@ -17,6 +19,8 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
+
+from mlmlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -96,13 +100,22 @@ class MlmlabSweeper(BasicSweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         from mlmlab import rounds
+        from mlmlab.sweep import lock_sweep
 
+        lock_sweep(Path(self.config.hydra.sweep.dir))  # one multirun per sweep dir (a no-op where the callback took it)
         p = sequential_plan(self.config, arguments, self.hydra_context.config_loader)
         if p is None:
             launch = self.launcher.launch
             self.launcher.launch = lambda batch, initial_job_idx: launch(self._with_skip(batch), initial_job_idx)
             return super().sweep(arguments)
         sweep_dir = Path(self.config.hydra.sweep.dir)
+        try:  # the folder's declared plan (its sequential.json) is the plan: another one only with replan=true
+            replans = rounds.check_plan(sweep_dir, p)
+        except ConfigError as e:
+            import sys
+
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         returns = []
@@ -116,5 +129,5 @@ class MlmlabSweeper(BasicSweeper):
 
         log.info("sequential sweep: %d arms, seeds %s in rounds (looks at %s seeds), decided on %s", len(p.arms),
                  p.seeds, list(p.looks), p.question.primary)
-        rounds.run(p, launch, sweep_dir, log=log.info)
+        rounds.run(p, launch, sweep_dir, log=log.info, replans=replans)
         return returns
