@@ -50,6 +50,7 @@ def test_finetune_a_checkpoint_reproduces_the_jobs_own_downstream(obj, pretraine
     assert run["name"].startswith(f"ft:{pre.name}:")
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_finetune_task_shorthand_and_bad_input(pretrained, tmp_path, cache_dir):
     ckpt = pretrained["mlm"] / "checkpoints" / "last.ckpt"
     p = run_module("mlmlab.finetune", [f"checkpoint={ckpt}", "task=nope", f"hydra.run.dir={tmp_path / 'a'}"], cache_dir)

@@ -75,6 +75,7 @@ def test_continued_pretraining_of_every_objective_and_both_gains(start, tmp_path
                - pre["val/mlm_loss_r15"]) < 0.3
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_bad_starts_are_one_line_errors_before_data_work(start, tmp_path, cache_dir):
     run, _, _ = start["post"]
     for args, msg in (

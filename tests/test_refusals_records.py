@@ -111,6 +111,7 @@ def test_overwrite_with_resume_is_a_config_error(cfg_factory, tmp_path):
         cfg_factory(*TINY, "overwrite=maybe")
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_the_refusal_is_one_line_on_the_command_line(tmp_path, cache_dir):
     run = tmp_path / "run"
     ckpt = _killed_dir(run)

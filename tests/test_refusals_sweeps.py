@@ -99,6 +99,7 @@ def test_a_folder_killed_before_its_first_state_declares_its_records_plan(tmp_pa
     assert r["old"] == {"analysis.sequential.max_seeds": 4} and r["rounds_run"] is None
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_the_cli_refuses_a_sequential_rerun_under_another_plan(tmp_path, cache_dir):
     """The folder's sequential.json (written here as a finished sweep of the same grid would) against a rerun with
     another max_seeds: one line naming the key, exit 2, no job run and the state untouched."""
@@ -136,6 +137,7 @@ def test_a_real_sequential_sweep_replanned_records_the_change(tmp_path, cache_di
     assert s["plan"]["max_seeds"] == 3 and s["replans"][0]["old"]["analysis.sequential.max_seeds"] == 2
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_a_live_sweep_folder_refuses_a_second_multirun(tmp_path, cache_dir):
     """The live multirun is simulated by this test process holding the folder's lock: the CLI names its pid and host,
     exits non-zero and runs no job."""
@@ -151,6 +153,7 @@ def test_a_live_sweep_folder_refuses_a_second_multirun(tmp_path, cache_dir):
     assert not list(sweep.rglob("results.json")) and not list(sweep.rglob("train_log.jsonl"))
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_a_live_job_folder_refuses_a_second_run(tmp_path, cache_dir):
     out_dir = tmp_path / "job"
     assert lock_folder(out_dir, JOB_LOCK, "job")

@@ -574,6 +574,7 @@ def test_resumable_sampler_keeps_the_old_order_and_resumes_anywhere():
         assert got[: len(stream) - 6 * epoch - start] == stream[6 * epoch + start:]
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_sigkill_then_resume_continues_the_same_wandb_run(cache_dir, tmp_path):
     """Issue 19: a SIGKILLed job's offline W&B log keeps its config and every step logged before its last checkpoint
     (the checkpoint waits for W&B's flush), the resumed job logs under the same W&B run id, and the history read back

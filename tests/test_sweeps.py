@@ -180,6 +180,7 @@ def test_skip_completed_reruns_a_job_whose_config_changed(tmp_path, cache_dir):
     assert r["finished_at"] != first and r["config"]["trainer"]["max_steps"] == 10
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_optuna_sweeper_with_in_memory_storage(tmp_path, cache_dir):
     out = tmp_path / "optuna"
     p = run_cli(["-m", "+sweep=optuna_schedule", "hydra.sweeper.n_trials=2", "debug=fast", "downstream.tasks=[builtin_sentiment]",
