@@ -56,6 +56,7 @@ def test_failing_job_does_not_stop_the_sweep(tmp_path, cache_dir):
     assert df.loc[1e30, "status"] == "failed" and df.loc[1e-3, "status"] == "ok"  # ... after running the other job
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_long_and_path_overrides_give_valid_job_dirs(tmp_path, cache_dir):
     """Job folders are one path segment, and long override lists are cut + hashed instead of crashing the sweep."""
     sweep = tmp_path / "sweep"

@@ -48,6 +48,7 @@ def uninterrupted(tmp_path_factory, cache_dir):
     return out
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_sigkill_mid_epoch_then_resume_is_bitwise_exact(uninterrupted, cache_dir, tmp_path):
     """Checkpoint every 4 steps, SIGKILL right after step 9 (last checkpoint: step 8, one batch before the end of
     epoch 0), resume: the same parameters bit for bit and the same per-step loss as the uninterrupted run."""
@@ -289,6 +290,7 @@ def test_sweep_summary_tells_a_running_job_from_a_killed_one(tmp_path):
     assert json.loads((sweep / "summary.json").read_text())["warnings"][0]["dir"] == "9_ddp"
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_a_running_job_keeps_its_marker_s_heartbeat_until_it_ends(tmp_path):
     """The marker's mtime is the heartbeat a summary on another host reads: touched while the job runs; the thread
     ends when the job clears its marker (also when it would not beat again for an hour), and it neither beats for
