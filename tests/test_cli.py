@@ -3,6 +3,7 @@
 import json
 import re
 
+import pytest
 from conftest import ROOT, run_cli
 
 from mlmlab.analysis import load_runs, read_wandb_offline, wandb_run_dirs
