@@ -6,7 +6,7 @@ grid of the command line and of a ``+sweep=`` file's ``hydra.sweeper.params``) w
 - a sweep that declares ``analysis.sequential.max_seeds`` runs its pretraining seeds in rounds and stops when the
   question is settled (:mod:`mlmlab.rounds`), under the plan its folder's ``sequential.json`` declares (another one
   only with ``analysis.sequential.replan=true``);
-- one multirun per sweep dir: the parent process holds ``<sweep dir>/.sweep.lock`` (:func:`mlmlab.sweep.lock_sweep`).
+- one multirun per sweep dir: the parent process holds ``<sweep dir>/.sweep.lock`` (:func:`mlmlab.locks.lock_sweep`).
 
 Hydra loads sweepers only from the ``hydra_plugins`` namespace package; the logic lives in :mod:`mlmlab.rounds`."""
 
@@ -100,7 +100,7 @@ class MlmlabSweeper(BasicSweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         from mlmlab import rounds
-        from mlmlab.sweep import lock_sweep
+        from mlmlab.locks import lock_sweep
 
         lock_sweep(Path(self.config.hydra.sweep.dir))  # one multirun per sweep dir (a no-op where the callback took it)
         p = sequential_plan(self.config, arguments, self.hydra_context.config_loader)
