@@ -815,10 +815,14 @@ def validate(cfg: DictConfig) -> None:
     )
 
     m = cfg.model
-    from mlmlab.models.encoder import NORMS
+    from mlmlab.models.encoder import NORMS, POSITIONS
 
     _check_choice("model.norm", m.norm, NORMS)
+    _check_choice("model.position", m.position, POSITIONS)
     _check(m.hidden_size % m.num_heads == 0, f"model.hidden_size={m.hidden_size} must be divisible by model.num_heads={m.num_heads}")
+    _check(m.position != "rope" or (m.hidden_size // m.num_heads) % 2 == 0,
+           f"model.position=rope needs an even head size: model.hidden_size={m.hidden_size} / "
+           f"model.num_heads={m.num_heads} is odd")
     for k in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
         _check(getattr(m, k) >= 1, f"model.{k}={getattr(m, k)} must be >= 1")
 

@@ -31,6 +31,9 @@ HF_NORMS = ("post", "pre")
 
 
 def _norm(encoder_cfg: dict) -> str:
+    position = encoder_cfg.get("position", "learned")
+    if position != "learned":  # no transformers BERT class applies rotary positions to this block
+        raise ConfigError(f"model.position={position!r} cannot be exported; allowed: learned")
     norm = encoder_cfg.get("norm", "post")  # checkpoints from before model.norm are post-LN
     if norm not in HF_NORMS:
         raise ConfigError(f"model.norm={norm!r} cannot be exported; allowed: {', '.join(HF_NORMS)}")

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 # model.* keys that are the encoder's shape: taken from the start (the rest -- dropout, grad_checkpointing -- are how
 # this job trains it)
 SHAPE_KEYS = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings",
-              "type_vocab_size", "layer_norm_eps", "norm")
+              "type_vocab_size", "layer_norm_eps", "norm", "position")
 INIT_VERSION = 1
 
 

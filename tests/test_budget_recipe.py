@@ -19,6 +19,8 @@ from mlmlab.downstream import paired_gain
 
 @pytest.mark.parametrize("overrides,message", [
     (["model.norm=sideways"], "model.norm='sideways' is not known; allowed: post, pre"),
+    (["model.position=alibi"], "model.position='alibi' is not known; allowed: learned, rope"),
+    (["model.position=rope", "model.hidden_size=12", "model.num_heads=4"], "model.position=rope needs an even head size"),
     (["optim.warmup_frac=1.0"], "optim.warmup_frac=1.0 must be in [0, 1)"),
     (["optim.warmup_frac=-0.1"], "optim.warmup_frac=-0.1 must be in [0, 1)"),
     (["trainer.budget.seconds=0"], "trainer.budget.seconds=0"),

@@ -107,6 +107,45 @@ def test_unknown_norm_is_refused():
         hf_config({**CFG.to_dict(), "norm": "sideways"})
 
 
+ROPE = dataclasses.replace(PRE, position="rope")
+
+
+def test_rope_attention_depends_on_relative_offsets_only():
+    """Rotary positions: no position embedding; q_m . k_n depends on m - n only, so an encoder of a sequence of one
+    repeated token gives every position the same output (learned positions would tell them apart), and the model
+    trains with gradients everywhere."""
+    from mlmlab.models.encoder import apply_rope, rope_tables
+
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(1, 1, 1, 12, generator=g), torch.randn(1, 1, 1, 12, generator=g)
+    cos, sin = rope_tables(30, 12)
+    dot = lambda m, n: (apply_rope(q, cos[m:m + 1], sin[m:m + 1]) * apply_rope(k, cos[n:n + 1], sin[n:n + 1])).sum()
+    assert torch.allclose(dot(3, 1), dot(20, 18), atol=1e-5) and not torch.allclose(dot(3, 1), dot(3, 2), atol=1e-3)
+    assert torch.allclose(apply_rope(q, cos[:1], sin[:1]), q)  # position 0 is not rotated
+    torch.manual_seed(0)
+    m = BertForMLM(ROPE).eval()
+    assert m.bert.embeddings.position_embeddings is None
+    assert not any("position_embeddings" in n for n in m.state_dict())
+    same = m.bert(torch.full((1, 10), 7))
+    assert torch.allclose(same[0, 0], same[0, 9], atol=1e-5)
+    learned = BertForMLM(PRE).eval().bert(torch.full((1, 10), 7))
+    assert not torch.allclose(learned[0, 0], learned[0, 9], atol=1e-3)
+    m.train()
+    ids, am, _ = batch()
+    labels = torch.full_like(ids, -100)
+    labels[:, 2:8] = ids[:, 2:8]
+    loss, _, _ = m.mlm_loss(ids, am, labels)
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+def test_rope_is_refused_where_it_cannot_go():
+    with pytest.raises(ValueError, match=r"model\.position='alibi'.*allowed: learned, rope"):
+        EncoderConfig(vocab_size=10, position="alibi")
+    with pytest.raises(ConfigError, match=r"model\.position='rope' cannot be exported; allowed: learned"):
+        hf_config(ROPE.to_dict())
+
+
 def test_hf_config_follows_norm():
     old = {k: v for k, v in CFG.to_dict().items() if k != "norm"}  # a checkpoint from before model.norm: post-LN
     assert type(hf_config(old)) is transformers.BertConfig

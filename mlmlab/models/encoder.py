@@ -1,4 +1,4 @@
-"""A BERT-style encoder (learned positions, SDPA attention) with a tied MLM decoder, and the same encoder with a causal
+"""A BERT-style encoder (learned or rotary positions, SDPA attention) with a tied MLM decoder, and the same encoder with a causal
 mask as a next-token language model (``objective=clm``).
 
 ``norm="post"`` (BERT): LayerNorm after each residual sum. Parameter names follow transformers' ``BertForMaskedLM``
@@ -22,6 +22,8 @@ from mlmlab.models.heads import ClassificationHead, MLMHead
 
 IGNORE_INDEX = -100
 NORMS = ("post", "pre")
+POSITIONS = ("learned", "rope")
+ROPE_BASE = 10000.0
 
 
 @dataclass
@@ -38,6 +40,9 @@ class EncoderConfig:
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     norm: str = "post"  # post (BERT) | pre (LayerNorm before each sub-layer + a final LayerNorm)
+    # learned (BERT: an absolute position embedding added to the input) | rope (rotary positions on each layer's
+    # queries and keys, Su et al. 2021: attention sees relative offsets from the first step; no position embedding)
+    position: str = "learned"
     causal: bool = False  # causal self-attention (objective=clm); inputs must be right-padded
     grad_checkpointing: bool = False  # training: keep only each layer's input, recompute the rest in backward
 
@@ -49,6 +54,8 @@ class EncoderConfig:
     def __post_init__(self):
         if self.norm not in NORMS:
             raise ValueError(f"model.norm={self.norm!r} is not known; allowed: {', '.join(NORMS)}")
+        if self.position not in POSITIONS:
+            raise ValueError(f"model.position={self.position!r} is not known; allowed: {', '.join(POSITIONS)}")
 
     @property
     def pre_norm(self) -> bool:
@@ -62,22 +69,44 @@ class Embeddings(nn.Module):
     def __init__(self, c: EncoderConfig):
         super().__init__()
         self.word_embeddings = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.position_embeddings = nn.Embedding(c.max_position_embeddings, c.hidden_size)
+        # rope: positions enter in the attention (SelfAttention), not here
+        self.position_embeddings = nn.Embedding(c.max_position_embeddings, c.hidden_size) if c.position == "learned" else None
         self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size)
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
-        pos = torch.arange(input_ids.shape[1], device=input_ids.device)
-        x = self.word_embeddings(input_ids) + self.position_embeddings(pos)[None]
+        x = self.word_embeddings(input_ids)
+        if self.position_embeddings is not None:
+            x = x + self.position_embeddings(torch.arange(input_ids.shape[1], device=input_ids.device))[None]
         x = x + (self.token_type_embeddings.weight[0] if token_type_ids is None else self.token_type_embeddings(token_type_ids))
         return self.dropout(self.LayerNorm(x))
+
+
+def rope_tables(t: int, head_dim: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin ``(t, head_dim)`` of the rotary angles ``pos * ROPE_BASE ** (-2i / head_dim)``, each frequency
+    repeated over the two halves of a head (the GPT-NeoX / Llama layout that :func:`apply_rope` rotates)."""
+    inv = ROPE_BASE ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+    ang = torch.arange(t, dtype=torch.float32, device=device)[:, None] * inv[None]
+    ang = torch.cat((ang, ang), dim=-1)
+    return ang.cos(), ang.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``(b, heads, t, head_dim)``: each pair (i, i + head_dim/2) by its position's angle, so that
+    ``q_m . k_n`` depends on m - n only."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos.to(x.dtype) + torch.cat((-x2, x1), dim=-1) * sin.to(x.dtype)
 
 
 class SelfAttention(nn.Module):
     def __init__(self, c: EncoderConfig):
         super().__init__()
         self.num_heads, self.p_drop = c.num_heads, c.attention_dropout
+        self.rope = c.position == "rope"
+        if self.rope and (c.hidden_size // c.num_heads) % 2:
+            raise ValueError(f"model.position=rope needs an even head size; model.hidden_size={c.hidden_size} / "
+                             f"model.num_heads={c.num_heads} is odd")
         self.query = nn.Linear(c.hidden_size, c.hidden_size)
         self.key = nn.Linear(c.hidden_size, c.hidden_size)
         self.value = nn.Linear(c.hidden_size, c.hidden_size)
@@ -86,6 +115,9 @@ class SelfAttention(nn.Module):
         """``attn_mask``: a boolean key mask ``(b, 1, 1, t)``, None (attend everywhere) or the string "causal"."""
         b, t, h = x.shape
         q, k, v = (m(x).view(b, t, self.num_heads, h // self.num_heads).transpose(1, 2) for m in (self.query, self.key, self.value))
+        if self.rope:
+            cos, sin = rope_tables(t, h // self.num_heads, x.device)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         causal = isinstance(attn_mask, str)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if causal else attn_mask, is_causal=causal,
                                            dropout_p=self.p_drop if self.training else 0.0)
