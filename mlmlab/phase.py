@@ -93,6 +93,37 @@ def record_phase(reference: dict, suffix: str, metrics: dict[str, float], margin
     return out
 
 
+# -------------------------------------------------------------------------------------------- the validation curve
+
+
+def reach(curve: list[dict], threshold: float, key: str = "val/mlm_loss_r15") -> dict | None:
+    """Where a job's validation curve (results.json ``val_curve``) first reaches ``key <= threshold``: ``{step,
+    tokens, train_s}`` interpolated linearly between that pass and the one before it (from step 0 at the first), or
+    None where it never does. ``train_s``: seconds of training, validation left out (mlmlab.lit.calibrate)."""
+    prev = None
+    for row in curve:
+        if key not in row or not math.isfinite(row[key]):
+            continue
+        if row[key] <= threshold:
+            if prev is None or prev[key] == row[key]:
+                return {k: row[k] for k in ("step", "tokens", "train_s")}
+            f = (prev[key] - threshold) / (prev[key] - row[key])
+            return {k: prev[k] + f * (row[k] - prev[k]) for k in ("step", "tokens", "train_s")}
+        prev = row
+    return None
+
+
+def loss_at(curve: list[dict], seconds: float, key: str = "val/mlm_loss_r15") -> float | None:
+    """The validation curve's ``key`` after ``seconds`` of training, interpolated linearly between the passes around
+    it; None before the first pass or after the last (the job did not train that long)."""
+    rows = [r for r in curve if key in r and math.isfinite(r[key])]
+    for a, b in zip(rows, rows[1:]):
+        if a["train_s"] <= seconds <= b["train_s"]:
+            span = b["train_s"] - a["train_s"]
+            return a[key] if span <= 0 else a[key] + (seconds - a["train_s"]) / span * (b[key] - a[key])
+    return rows[0][key] if rows and rows[0]["train_s"] == seconds else None
+
+
 # ------------------------------------------------------------------------------------------------- existing records
 
 

@@ -152,7 +152,7 @@ def build_trainer(t, module, dm, out_dir: Path, record, max_steps: int, budget: 
         from mlmlab.lit.progress import StepProgressBar
 
         callbacks.append(StepProgressBar())
-    callbacks.append(Throughput())
+    callbacks.append(Throughput(log_path=out_dir / "val_log.jsonl"))
     if curve is not None:
         callbacks.append(curve)
     trainer = pl.Trainer(
@@ -196,6 +196,7 @@ def pretrain(p: Pretraining, tokens_per_batch: int, dm, record, budget: dict,
     speed = next((c for c in trainer.callbacks if isinstance(c, Throughput)), None)
     if speed is not None:  # the job's own tokens/s (benchmarks/bench_e2e.py compares it with bench_step's)
         record.set(throughput=speed.record(tokens_per_batch * trainer.world_size))
+        speed.tokens_per_step = tokens_per_batch * trainer.world_size  # for the val curve (evaluate)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
     for k, v in (module.telemetry_means() if hasattr(module, "telemetry_means") else {}).items():
         if k in metrics:
@@ -215,6 +216,8 @@ def evaluate(p: Pretraining, dm, extra_val: dict, datamodule_for: Callable[[dict
     ``extra_val`` ({metric suffix: validation dict}, served by ``datamodule_for(val)``): further ``eval.units``
     (``val/mlm_loss_r<rate>w``: whole-word masks) and ``eval.per_source`` (``val/mlm_loss_r<rate>_mix<i>``); each also
     split by what the masks showed at the predicted position (``val/mlm_loss_at_{mask,random,keep}_r<rate>``)."""
+    from mlmlab.lit.calibrate import Throughput
+
     trainer, module = p.trainer, p.module
     with record.timer("eval"):
         (val_metrics,) = trainer.validate(module, datamodule=dm, verbose=False)
@@ -226,5 +229,9 @@ def evaluate(p: Pretraining, dm, extra_val: dict, datamodule_for: Callable[[dict
             finally:
                 module.eval_suffix = main_suffix
             out.update({k: float(v) for k, v in extra.items() if k.endswith(f"_{suffix}")})
+    speed = next((c for c in trainer.callbacks if isinstance(c, Throughput)), None)
+    if speed is not None and getattr(speed, "tokens_per_step", None):
+        speed.final(trainer, out)  # the fixed-mask loss at each validation pass and at the end: steps, tokens, seconds
+        record.set(val_curve=speed.curve(speed.tokens_per_step))
     # a corruption kind the fixed masks do not use (eval.replace.random=0: no random positions) has no loss
     return {k: v for k, v in out.items() if not ("/mlm_loss_at_" in k and math.isnan(v))}

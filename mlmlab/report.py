@@ -101,7 +101,9 @@ def _fmt(v, fmt: str) -> str:
 def _runs_table(spec: dict, base: Path) -> str:
     """Rows of run records; each column one of: ``key`` (a value, ``fmt``), ``ci`` (a task score over fine-tuning seeds,
     mean ± 95% t CI), ``gain`` (pretrained minus random init -- or ``vs: start``, the encoder a continued pretraining
-    started from -- paired by fine-tuning seed, in points ± CI; ``p`` for its p-value), ``steps_tokens``. A row's ``baseline`` names another record whose random-init arm it pairs with (a job
+    started from -- paired by fine-tuning seed, in points ± CI; ``p`` for its p-value), ``steps_tokens``, ``reach`` (tokens
+    and training minutes until the validation curve's ``key``, default ``val/mlm_loss_r15``, is <= ``threshold``),
+    ``loss_at`` (that loss after ``minutes`` of training). A row's ``baseline`` names another record whose random-init arm it pairs with (a job
     run with ``downstream.random_init_baseline=false``); a row's fields fill ``{...}`` in a column's keys (a key left
     empty, ``metric:``, prints ``-``); ``stat: std`` gives ± the std over fine-tuning seeds instead of the CI."""
     heads = [c["head"] for c in spec["columns"]]
@@ -130,6 +132,19 @@ def _cell(kind: str, col: dict, row: dict, rec: dict, other: dict) -> str:
     if kind == "steps_tokens":
         b = rec.get("budget") or {}
         return f"{b['steps']:,} ({b['tokens'] / 1e6:.1f}M)"
+    if kind in ("reach", "loss_at"):  # the record's validation curve (results.json val_curve, mlmlab.phase)
+        from mlmlab.phase import loss_at, reach
+
+        curve, key = rec.get("val_curve") or [], col.get("key", "val/mlm_loss_r15")
+        if not curve:
+            raise ReportError(f"{row['run']}: no val_curve (recorded by jobs since model.position); rerun it")
+        if kind == "loss_at":
+            v = loss_at(curve, 60 * float(col["minutes"]), key)
+            return f"{v:.3f}" if v is not None else f"- ({curve[-1]['train_s'] / 60:.1f} min run)"
+        hit = reach(curve, float(col["threshold"]), key)
+        if hit is None:
+            return f"not in {curve[-1]['tokens'] / 1e6:.1f}M ({curve[-1]['train_s'] / 60:.1f} min)"
+        return f"{hit['tokens'] / 1e6:.1f}M, {hit['train_s'] / 60:.1f} min"
     task, metric = col["task"].format(**fill), col.get("metric", "acc")
     if kind == "ci":
         arm = col.get("arm", "downstream").format(**fill)
@@ -146,7 +161,7 @@ def _cell(kind: str, col: dict, row: dict, rec: dict, other: dict) -> str:
             return _fmt(p, "p")
         text = f"{100 * mean:+.1f} ± {100 * ci:.1f}"
         return f"**{text}**" if mean - ci > 0 else text  # bold: the CI excludes 0 in favour of pretraining
-    raise ReportError(f"column kind {kind!r} is not known; allowed: label, key, steps_tokens, ci, gain, p")
+    raise ReportError(f"column kind {kind!r} is not known; allowed: label, key, steps_tokens, reach, loss_at, ci, gain, p")
 
 
 _QUESTIONS: dict[str, object] = {}  # one render of the docs: a compare table's question rows, reused by findings

@@ -309,3 +309,33 @@ def test_bench_step_quick_mfu_per_precision_and_a_profile_that_adds_up(tmp_path)
     bench_report = _bench_report()
     assert "bf16 " in bench_report.step(p) and "the measured matmul peak of the row's precision" in bench_report.step(p)
     assert bench_report.step_profile(p).count("\n| ") == 1 + 2  # the rule + a row per precision
+
+
+def test_time_to_drop_reads_each_record_s_validation_curve(tmp_path):
+    """benchmarks/bench_time_to_drop.py on a planted record: the step-budget job it would run (pinned, one thread,
+    pretraining only, validation every n steps), then tokens and minutes to the target and to the bigram mark, and the
+    loss at 5/10/20 minutes, from results.json val_curve."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_time_to_drop as ttd
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    a = ttd.parse_args(["--name", "t", "--steps", "600", "--val-every", "200", "--arm", "rope",
+                        "experiment=real_en_fast model.position=rope"])
+    cmd, env = ttd.job_cmd(a, a.arm[0][1], 3, tmp_path / "j", core=1)
+    assert cmd[:3] == ["taskset", "-c", "1"] and env["OMP_NUM_THREADS"] == "1" and "trainer.threads=1" in cmd
+    assert {"model.position=rope", "trainer.max_steps=600", "trainer.val_check_interval=200", "seed=3",
+            "downstream.tasks=[]", "trainer.budget.seconds=null"} <= set(cmd)
+    with pytest.raises(SystemExit):
+        ttd.parse_args(["--name", "t", "--steps", "6", "--arm", "a", "x=1", "--arm", "a", "x=2"])
+    curve = [{"step": s, "tokens": 2048 * s, "train_s": 0.3 * s, "val/mlm_loss_r15": v}
+             for s, v in ((200, 6.0), (400, 5.0), (600, 4.0))]
+    (tmp_path / "j").mkdir()
+    (tmp_path / "j" / "results.json").write_text(json.dumps({
+        "metrics": {"train/steps": 600, "val/mlm_loss_r15": 4.0}, "val_curve": curve, "machine": {"torch_threads": 1},
+        "phase": {"label": "past the drop", "unigram": 6.1, "bigram": 4.85, "margin": 0.1}}))
+    r = ttd.row(a, {"arm": "rope", "overrides": "x", "seed": 3, "core": 1, "dir": str(tmp_path / "j")})
+    assert r["reach_target"] == pytest.approx({"step": 500, "tokens": 2048 * 500, "train_s": 150.0})
+    assert r["reach_bigram"]["step"] == pytest.approx(400 + 200 * (5.0 - 4.75))
+    assert r["loss_at_min"]["5"] is None  # the curve ends at 3 minutes
+    assert r["tokens"] == 2048 * 600 and r["phase"] == "past the drop"

@@ -136,3 +136,18 @@ def test_a_negative_phase_margin_is_a_one_line_error_naming_the_key(cfg_factory)
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="eval.phase_margin"):  # the owner's check, where the field is declared
         EvalConfig(phase_margin=-1.0)
+
+
+def test_reach_and_loss_at_read_the_validation_curve_by_interpolation():
+    from mlmlab.phase import loss_at, reach
+
+    curve = [{"step": 100, "tokens": 1000, "train_s": 60.0, "val/mlm_loss_r15": 6.0},
+             {"step": 200, "tokens": 2000, "train_s": 120.0, "val/mlm_loss_r15": 5.0},
+             {"step": 300, "tokens": 3000, "train_s": 180.0, "val/mlm_loss_r15": 4.0, "final": True}]
+    hit = reach(curve, 4.5)
+    assert hit == pytest.approx({"step": 250, "tokens": 2500, "train_s": 150.0})
+    assert reach(curve, 6.5) == {"step": 100, "tokens": 1000, "train_s": 60.0}  # the first pass already below
+    assert reach(curve, 3.9) is None
+    assert loss_at(curve, 90.0) == pytest.approx(5.5) and loss_at(curve, 180.0) == pytest.approx(4.0)
+    assert loss_at(curve, 60.0) == pytest.approx(6.0)
+    assert loss_at(curve, 30.0) is None and loss_at(curve, 181.0) is None  # outside what the job ran

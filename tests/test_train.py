@@ -1,6 +1,7 @@
 """End-to-end jobs through ``train(cfg)``: results.json, the offline W&B run, fixed eval masks, the baseline row."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -181,6 +182,13 @@ def test_realized_corruption_in_results_is_the_run_mean(cfg_factory, tmp_path):
     assert speed["tokens_per_step"] == 16 * 64 and speed["tokens_per_s"] == pytest.approx(
         speed["tokens_per_step"] / speed["step_s_median"])
     assert 0 < speed["busy_s_median"] <= speed["step_s_median"] * 1.5
+    rec = json.loads((out / "results.json").read_text())
+    curve, live = rec["val_curve"], [json.loads(x) for x in (out / "val_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in curve] == [r["step"] for r in live] == [10, 12]  # each validation pass, then the end
+    row, end = curve
+    assert row["tokens"] == 10 * 16 * 64 and 0 < row["train_s"] < end["train_s"] < rec["timings_s"]["pretrain"]
+    assert row["val/mlm_loss_r15"] == pytest.approx(live[0]["val/mlm_loss_r15"]) and math.isfinite(row["val/mlm_loss_r15"])
+    assert end["final"] and end["val/mlm_loss_r15"] == pytest.approx(rec["metrics"]["val/mlm_loss_r15"])
 
 
 def test_progress_bars_show_pretraining_steps_and_each_fine_tuning(cfg_factory, tmp_path, capsys):

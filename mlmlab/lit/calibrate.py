@@ -24,11 +24,23 @@ class Throughput(pl.Callback):
     """The job's own training speed: the median wall time between consecutive training-batch ends (a step as the job
     runs it: data loading, masking, forward, backward, optimizer, logging, guards), with intervals that contain a
     validation pass left out, and the median busy time (batch start to batch end). ``record(tokens_per_step)``:
-    what results.json keeps under ``throughput``."""
+    what results.json keeps under ``throughput``.
 
-    def __init__(self, warm: int = 3):
+    It also keeps the validation curve: at each validation pass the step, the seconds of training so far in this
+    process (from the start of fit, validation passes left out) and the ``val/*`` metrics, appended to ``log_path``
+    (``val_log.jsonl`` in the job folder, readable while the job runs) and kept for results.json ``val_curve``
+    (:meth:`curve`, with tokens; the evaluation after fit is its ``final`` row, :meth:`final`): the fixed-mask loss
+    against steps, tokens and minutes without W&B."""
+
+    def __init__(self, warm: int = 3, log_path=None):
         self.warm, self.intervals, self.busy = warm, [], []
         self._start = self._end = None
+        self.log_path, self.rows = log_path, []
+        self._t0 = self._v0 = self._t_end = None
+        self._val_total = 0.0
+
+    def on_train_start(self, trainer, module):
+        self._t0, self._t_end, self._val_total = time.perf_counter(), None, 0.0
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         self._start = time.perf_counter()
@@ -43,6 +55,41 @@ class Throughput(pl.Callback):
 
     def on_validation_start(self, trainer, module):
         self._end = None  # the next interval would contain this validation pass
+        self._v0 = time.perf_counter()
+
+    def on_train_end(self, trainer, module):
+        self._t_end = time.perf_counter()
+
+    def train_seconds(self) -> float:
+        """Seconds of training in this process's fit so far (to its end once it ended), validation passes left out."""
+        end = self._t_end if self._t_end is not None else time.perf_counter()
+        return round(end - self._t0 - self._val_total, 3)
+
+    def on_validation_end(self, trainer, module):
+        if self._t0 is None or trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        train_s = round(self._v0 - self._t0 - self._val_total, 3)
+        self._val_total += time.perf_counter() - self._v0
+        self._add({"step": int(trainer.global_step), "train_s": train_s}
+                  | {k: float(v) for k, v in sorted(trainer.callback_metrics.items()) if k.startswith("val/")}, trainer)
+
+    def final(self, trainer, metrics: dict) -> None:
+        """The evaluation after fit (``metrics``: its ``val/*``) as the curve's last row, ``final: true``."""
+        if self._t0 is not None:
+            self._add({"step": int(trainer.global_step), "train_s": self.train_seconds(), "final": True}
+                      | {k: float(v) for k, v in sorted(metrics.items()) if k.startswith("val/")}, trainer)
+
+    def _add(self, row: dict, trainer) -> None:
+        self.rows.append(row)
+        if self.log_path is not None and trainer.is_global_zero:
+            import json
+
+            with open(self.log_path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    def curve(self, tokens_per_step: int) -> list[dict]:
+        """results.json ``val_curve``: each validation pass's row with ``tokens`` (steps x tokens per step)."""
+        return [{"step": r["step"], "tokens": r["step"] * tokens_per_step, **r} for r in self.rows]
 
     def record(self, tokens_per_step: int) -> dict:
         if not self.intervals:
