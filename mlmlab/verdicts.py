@@ -302,6 +302,12 @@ def plan_table(df: pd.DataFrame, by: str, baseline, metric: str, effect: float, 
     design's power, expected seeds and chance of having stopped by each look at ``effect``
     (:func:`mlmlab.stats.sequential_design`; equivalence stops within the margin ``delta``) at the pilot's m
     (``seq_power``, ``seq_expected_seeds``, ``seq_stop_by_look``) and at ``m_opt`` (``..._at_m_opt``)."""
+    if not (isinstance(effect, (int, float)) and math.isfinite(effect) and effect > 0):
+        raise ValueError(f"effect={effect!r} must be a difference > 0 in {metric}'s units (0.01 = 1 point of accuracy)")
+    values = pd.to_numeric(df[metric], errors="coerce").dropna() if metric in df.columns else pd.Series(dtype=float)
+    if len(values) and values.between(0, 1).all() and effect >= 0.5:
+        raise ValueError(f"effect={effect:g} is on the wrong scale: {metric} lies in [0, 1] (the pilot's runs: "
+                         f"{values.min():.3g} to {values.max():.3g}); give it in the metric's units, 0.01 = 1 point")
     std_col = f"{metric}_std" if f"{metric}_std" in df.columns else None
     m_ft = _finetune_seeds(df)
     rows = []
@@ -311,6 +317,9 @@ def plan_table(df: pd.DataFrame, by: str, baseline, metric: str, effect: float, 
         arm = _per_seed(df, by, value, metric, pair_on)
         common = sorted(set(arm.index) & set(base.index))
         d = (arm[common] - base[common]).to_numpy()
+        if len(d) < 2:
+            raise ValueError(f"the pilot pairs {len(d)} pretraining seed(s) ({pair_on}) of {by}={value} with "
+                             f"{by}={baseline} on {metric}; a plan needs >= 2 (the sd over pretraining seeds)")
         iv = stats.mean_interval(d)
         c, source = _plan_components(base_ft, _per_finetune_seed(df, by, value, metric, pair_on), common, m_ft)
         within = []

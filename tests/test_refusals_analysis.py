@@ -123,3 +123,28 @@ def test_a_missing_primary_in_a_finished_run_is_named_and_not_decided(tmp_path, 
     both = A.load_runs([root, tmp_path / "ft"])
     t2 = A.question(both, "mask.rate", 0.15, ["downstream/score", "val/mlm_loss_r15"], q)
     assert t2.attrs["missing"] == {} and not t2["verdict"].iloc[0].startswith("not decided")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["effect=0"], "effect=0.0 must be a difference > 0"),
+    (["effect=-0.01"], "effect=-0.01 must be a difference > 0"),
+    (["effect=1"], r"effect=1 is on the wrong scale: downstream/score lies in \[0, 1\]"),
+])
+def test_plan_refuses_an_effect_it_cannot_plan_for(tmp_path, capsys, args, message):
+    """Issue 54, item 8: an effect of 0, below 0, or on the wrong scale for a [0, 1] metric is a one-line error."""
+    import re
+
+    rc = A.main(["plan", str(sweep(tmp_path)), "by=mask.rate", "baseline=0.15", *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and re.search(message, err) and len(err.strip().splitlines()) == 1
+
+
+def test_plan_refuses_a_one_seed_pilot(tmp_path, capsys):
+    """Issue 54, item 8: a pilot with one pretraining seed per arm has no sd over seeds: refused, not 'sd 0, None'."""
+    write(tmp_path, "lo", 0, 0.50)
+    write(tmp_path, "hi", 0, 0.52)
+    rc = A.main(["plan", str(tmp_path), "by=mask.rate", "baseline=0.15", "effect=0.01"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "the pilot pairs 1 pretraining seed(s) (seed) of mask.rate=0.4 with mask.rate=0.15" in err
+    assert rc == 2 and "a plan needs >= 2" in err
+    assert A.main(["plan", str(sweep(tmp_path / "ok")), "by=mask.rate", "baseline=0.15", "effect=0.01"]) == 0
