@@ -857,6 +857,7 @@ def validate(cfg: DictConfig) -> None:
     for k in ("tokens", "flops", "seconds"):
         v = b[k]
         _check(v is None or (v > 0 and math.isfinite(v)), f"trainer.budget.{k}={v} must be > 0 or null")
+    _check_budget_size(cfg)
     validate_reliability(cfg)
 
     validate_downstream(cfg, cfg.objective.name, m.max_position_embeddings)
@@ -865,6 +866,30 @@ def validate(cfg: DictConfig) -> None:
         _check_choice("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
         fs = cfg.logger.wandb.get("flush_seconds", 2.0)
         _check(fs is not None and 0 < fs <= 60, f"logger.wandb.flush_seconds={fs} must be in (0, 60]")
+
+
+def _check_budget_size(cfg) -> None:
+    """A budget that plans more than ``MAX_PLANNED_STEPS`` steps is refused before any data work: the steps of a token
+    budget are exact here; those of a FLOP budget are at least the budget over the step's FLOPs with every position
+    predicted and ``tokenizer.vocab_size`` (mlmlab.flops: the real step, sparser and with the built vocabulary, costs
+    no more, so the run would take at least these steps)."""
+    from mlmlab.flops import MAX_PLANNED_STEPS, electra_step_flops, mlm_step_flops, world_size
+
+    t, d, m = cfg.trainer, cfg.data, cfg.model
+    b = t.budget
+    batch = d.batch_size * t.accumulate_grad_batches * world_size(t)
+    what, steps = f"trainer.max_steps={t.max_steps}", t.max_steps
+    if b.tokens is not None:
+        what, steps = f"trainer.budget.tokens={b.tokens:g}", b.tokens / (batch * d.max_seq_len)
+    elif b.flops is not None:
+        vocab = cfg.tokenizer.vocab_size
+        per_step = (electra_step_flops(m, cfg.objective, vocab, batch, d.max_seq_len, 1.0, 1.0)
+                    if cfg.objective.name == "electra" else mlm_step_flops(m, vocab, batch, d.max_seq_len, 1.0))
+        what, steps = f"trainer.budget.flops={b.flops:g}", b.flops / per_step
+    elif b.seconds is not None:
+        return  # the calibration counts the steps that fill the seconds
+    _check(steps <= MAX_PLANNED_STEPS, f"{what} plans {steps:.3g} optimizer steps or more; allowed: at most "
+           f"{MAX_PLANNED_STEPS:.0e} steps (data.batch_size x data.max_seq_len = {batch} x {d.max_seq_len} tokens a step)")
 
 
 def _check_bf16(t) -> None:

@@ -116,6 +116,9 @@ def world_size(t) -> int:
     return max(1, n) * t.num_nodes
 
 
+MAX_PLANNED_STEPS = 10**8  # more is a budget typed wrong (1e30 FLOPs): refused (mlmlab.config._check_budget_size)
+
+
 def steps_for_budget(t, cost: StepCost, steps: int | None = None) -> tuple[int, dict]:
     """``trainer.max_steps`` (of ``trainer.*``, ``t``) unless ``trainer.budget.tokens`` or ``.flops`` is set, or
     ``steps`` is given (a seconds budget's calibrated count); returns (steps, accounting)."""
@@ -139,6 +142,10 @@ def steps_for_budget(t, cost: StepCost, steps: int | None = None) -> tuple[int, 
             if steps < 1:
                 raise ValueError(f"trainer.budget.flops={b.flops:g} is smaller than one step of objective="
                                  f"{cost.objective.name} ({cost.flops(1):.3g} FLOPs)")
+    if steps > MAX_PLANNED_STEPS:
+        what = next((f"trainer.budget.{k}={getattr(b, k):g}" for k in ("tokens", "flops", "seconds")
+                     if getattr(b, k) is not None), f"trainer.max_steps={steps}")
+        raise ValueError(f"{what} plans {steps:.3g} optimizer steps; allowed: at most {MAX_PLANNED_STEPS:.0e}")
     per_step = cost.flops(steps)
     return steps, {"steps": steps, "tokens": steps * tokens_per_step, "flops_per_step": per_step,
                    "flops": steps * per_step, "world_size": world_size(t)}

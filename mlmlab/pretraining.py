@@ -86,7 +86,22 @@ def plan_budget(t, cost: StepCost, record) -> StepPlan:
     except ValueError as err:
         raise ConfigError(str(err)) from err
     record.set(budget=budget)
+    if t.budget.seconds is None and cost.objective.name != "none":
+        _say_plan(t, budget)
     return StepPlan(max_steps, budget)
+
+
+def _say_plan(t, budget: dict, cal: dict | None = None) -> None:
+    """The plan before training: steps, tokens, FLOPs and where they came from; for a seconds budget, the expected
+    time of fit at the probe's speed."""
+    b = t.budget
+    source = next((f"trainer.budget.{k}={getattr(b, k):g}" for k in ("tokens", "flops", "seconds")
+                   if getattr(b, k) is not None),
+                  f"trainer.max_steps={t.max_steps}")
+    when = f"; expected {cal['expected_fit_s'] / 60:.1f} min of training at the probe's speed" if cal and \
+        "expected_fit_s" in cal else ""
+    log.info("pretraining plan (%s): %d steps, %.3g tokens, %.3g FLOPs%s", source, budget["steps"], budget["tokens"],
+             budget["flops"], when)
 
 
 def calibrate_budget(t, resume: str | None, probe: Callable[[], dict], cost: StepCost, record,
@@ -113,6 +128,7 @@ def calibrate_budget(t, resume: str | None, probe: Callable[[], dict], cost: Ste
     max_steps, budget = steps_for_budget(t, cost, steps=cal["steps"])
     budget["calibration"] = cal
     record.set(budget=budget)
+    _say_plan(t, budget, cal)
     return StepPlan(max_steps, budget)
 
 

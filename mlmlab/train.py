@@ -83,6 +83,13 @@ def check_job(cfg: DictConfig) -> None:
         raise ConfigError(f"objective=electra with experiment={choices['experiment']}: the preset's mask="
                           f"{choices.get('mask')} replaces ELECTRA's; add mask=electra for ELECTRA's recipe "
                           f"(15%, 85/15) or mask={choices.get('mask')} to keep the preset's")
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    budget = [f"trainer.budget.{k}={v:g}" for k, v in cfg.trainer.budget.items() if v is not None]
+    steps = [o for o in overrides if o.lstrip("+~").startswith("trainer.max_steps=")]
+    if budget and steps:  # a preset's trainer.max_steps is its length without a budget; the command line's is a choice
+        raise ConfigError(f"{steps[0]} and {budget[0]} both set the length of training; set one (a budget replaces "
+                          f"trainer.max_steps: add trainer.budget.{budget[0].split('.')[2].split('=')[0]}=null to "
+                          "train the steps)")
     init = cfg.get("init")
     if init is not None and init.checkpoint is not None:  # its shape and tokenizer, checked before any data work
         from mlmlab import init as init_
