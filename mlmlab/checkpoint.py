@@ -62,6 +62,9 @@ def load_checkpoint(path: str, key: str = "checkpoint") -> tuple[dict, dict]:
     info = ckpt.get("mlmlab") if isinstance(ckpt, dict) else None
     if not info or "encoder_key" not in info:
         raise ConfigError(f"{key}={path!r} is not an mlmlab pretraining checkpoint (no 'mlmlab' entry)")
+    # where the checkpoint stands in its run (Lightning's own entries): a start records it (mlmlab.init)
+    info = {**info, "global_step": ckpt.get("global_step"),
+            "max_steps": (ckpt.get("hyper_parameters") or {}).get("max_steps")}
     return info, ckpt["state_dict"]
 
 

@@ -170,7 +170,20 @@ def read_mlmlab(path: Path, key: str) -> Start:
         head = info["encoder_key"].rsplit(".", 1)[0] + ".cls."
         state.update({"cls." + k[len(head):]: v for k, v in sd.items() if k.startswith(head)})
     tcfg = (info.get("config") or {}).get("tokenizer") or {}
-    return Start(tok, enc, state, {"kind": "mlmlab", "objective": info["objective"]},
+    step, total = info.get("global_step"), info.get("max_steps")
+    run = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    status = None
+    if (run / "results.json").is_file():
+        try:
+            status = json.loads((run / "results.json").read_text()).get("status")
+        except (OSError, ValueError):
+            status = "unreadable"
+    if status not in (None, "ok") or (status is None and step is not None and total is not None and step < total):
+        raise ConfigError(f"{key}={str(path)!r} is the checkpoint of an unfinished run (status {status!r} in "
+                          f"{run / 'results.json'}, step {step} of {total}); a start is a finished run: resume it "
+                          f"(python -m mlmlab.train ... resume={run}) and start from its final checkpoint")
+    return Start(tok, enc, state, {"kind": "mlmlab", "objective": info["objective"], "step": step,
+                                   "max_steps": total, "run_status": status},
                  {k: tcfg[k] for k in ("name", "vocab_size", "lowercase", "min_frequency") if k in tcfg})
 
 
@@ -198,7 +211,7 @@ def read_hf(path: Path, key: str) -> Start:
            "max_position_embeddings": positions, "type_vocab_size": cfg.get("type_vocab_size", 2),
            "dropout": cfg.get("hidden_dropout_prob", 0.1), "attention_dropout": cfg.get("attention_probs_dropout_prob", 0.1),
            "layer_norm_eps": cfg.get("layer_norm_eps", 1e-12), "initializer_range": cfg.get("initializer_range", 0.02),
-           "norm": "pre" if pre else "post", "causal": False, "grad_checkpointing": False}
+           "norm": "pre" if pre else "post", "position": "learned", "causal": False, "grad_checkpointing": False}
     weights = _hf_weights(path, key)
     state = {}
     for k, v in weights.items():
@@ -380,6 +393,11 @@ def adopt(model, tokenizer, start: Start, overrides: list[str] | None) -> dict:
                 changed[f"{group}.{k}"] = [node[k], v]
                 with open_dict(node):
                     node[k] = v
+    if any(k.startswith("model.") for k in changed) and model.get("name") != "start":
+        # the preset's name no longer describes the shape: the record says the shape is the start's
+        changed["model.name"] = [model.name, "start"]
+        with open_dict(model):
+            model.name = "start"
     if changed:
         log.info("init: shape and tokenizer from the start: %s", changed)
     return changed

@@ -156,6 +156,15 @@ def _run(cfg: DictConfig, job: Job) -> dict[str, float]:
         metrics = pretrain(p, d.batch_size * d.max_seq_len * c.trainer.accumulate_grad_batches, dm, record, plan.budget,
                            ckpt if c.callbacks.checkpoint else None)
     metrics.update(evaluate(p, dm, masking.extra_val, lambda val: datamodule(c.data, c.seed, data, val), record))
+    if c.objective.name == "none" and start is not None and not start.head_state:
+        # the start has no MLM head (a headless or ELECTRA / CLM start): a random head's loss says nothing of it
+        dropped = sorted(k for k in metrics if k.startswith("val/mlm_"))
+        for k in dropped:
+            metrics.pop(k)
+        record.set(val_curve=[])
+        record.data.setdefault("init", {})["no_mlm_head"] = dropped
+        log.warning("objective=none: the start has no MLM head, so it has no fixed-mask loss; not recorded (%s)",
+                    ", ".join(dropped))
     if reference is not None:  # val/unigram_loss_r15, val/bigram_loss_r15 and results.json phase (mlmlab.phase)
         metrics.update(record_phase(reference, masking.suffix, metrics, c.eval.phase_margin, record, job.run))
     if not p.trainer.is_global_zero:

@@ -56,6 +56,35 @@ def test_a_job_started_from_a_checkpoint_is_that_encoder(start, source, tmp_path
     assert rec["init"]["kind"] == ("mlmlab" if source == "ckpt" else "hf") and len(rec["init"]["sha256"]) == 64
     assert rec["config"]["model"]["hidden_size"] == json.loads((run / "results.json").read_text())["config"]["model"][
         "hidden_size"]
+    assert rec["config"]["model"]["name"] == "start"  # not "small": the shape is the start's (issue 54 item 6)
+    if source == "ckpt":  # where the start stood in its run, and that run's status
+        assert (rec["init"]["step"], rec["init"]["max_steps"], rec["init"]["run_status"]) == (
+            pre["train/steps"], pre["train/steps"], "ok")
+
+
+def test_a_start_that_is_not_what_it_seems_is_refused_or_says_so(start, tmp_path, cache_dir):
+    """Issue 54 item 6: the checkpoint of a failed run is refused (resume it first); objective=none from a start
+    without an MLM head records no fixed-mask loss (a random head's loss is not the start's)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    run, hf, _ = start["post"]
+    failed = tmp_path / "failed"
+    shutil.copytree(run, failed, ignore=shutil.ignore_patterns("hf", "wandb"))
+    rec = json.loads((failed / "results.json").read_text())
+    (failed / "results.json").write_text(json.dumps({**rec, "status": "failed"}))
+    with pytest.raises(ConfigError, match=r"is the checkpoint of an unfinished run \(status 'failed'.*resume="):
+        read(*locate(str(failed)))
+    headless = tmp_path / "headless"
+    shutil.copytree(hf, headless)
+    weights = load_file(str(headless / "model.safetensors"))
+    save_file({k: v.contiguous() for k, v in weights.items() if not k.startswith("cls.")}, str(headless / "model.safetensors"))
+    m = train(make_cfg([*FAST, "objective=none", f"init.checkpoint={headless}", "logger=none", "downstream.tasks=[]"],
+                       tmp_path / "none", cache_dir))
+    assert not any(k.startswith("val/mlm_") for k in m)
+    rec = json.loads((tmp_path / "none" / "results.json").read_text())
+    assert "val/mlm_loss_r15" in rec["init"]["no_mlm_head"] and "phase" not in rec
 
 
 def test_continued_pretraining_of_every_objective_and_both_gains(start, tmp_path, cache_dir):
