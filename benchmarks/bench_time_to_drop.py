@@ -46,6 +46,8 @@ def parse_args(argv=None):
     p.add_argument("--seeds", nargs="+", type=int, default=[0], help="pretraining seeds")
     p.add_argument("--target", type=float, default=4.5, help="the fixed-mask loss to reach, nats")
     p.add_argument("--parallel", type=int, default=2, help="jobs at once, one core and one thread each")
+    p.add_argument("--cores", nargs="+", type=int, default=None, help="the cores to pin jobs to (default: the first "
+                   "--parallel cores; one core: --cores 1, e.g. beside another screen on core 0)")
     p.add_argument("--beside", default="nothing", help="what else ran on the machine (recorded with the timings)")
     p.add_argument("--work", default=None, help="job dirs (default: <repo>/benchmarks/work/drop_<name>)")
     p.add_argument("--records", default=None, help="copy records here (default docs/results/time_to_drop/<name>)")
@@ -105,7 +107,7 @@ def main(argv=None) -> int:
     records = Path(a.records) if a.records else REPO_ROOT / "docs" / "results" / "time_to_drop" / a.name
     work.mkdir(parents=True, exist_ok=True)
     jobs = [(arm, ov, s) for s in a.seeds for arm, ov in a.arm]
-    cores = list(range(a.parallel)) if a.parallel > 1 else [None]
+    cores = a.cores or (list(range(a.parallel)) if a.parallel > 1 else [None])
     t0 = time.time()
     done = []
     with ThreadPoolExecutor(max_workers=len(cores)) as pool:  # job i on core i % parallel: pairs side by side
