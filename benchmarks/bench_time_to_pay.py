@@ -49,6 +49,10 @@ def parse_args(argv=None):
     p.add_argument("--overrides", nargs="*", default=None, help="the preset and its changes (default: "
                    "experiment=real_en; with --quick: none)")
     p.add_argument("--minutes", nargs="+", type=float, default=[5.0, 13.0], help="pretraining budgets, minutes")
+    p.add_argument("--beside", default="nothing", help="what else ran on the machine (recorded with the timings)")
+    p.add_argument("--steps", type=int, default=None, help="instead of a seconds budget: this many optimizer steps "
+                   "(trainer.budget.seconds=null trainer.max_steps=<n>: the same run whatever runs beside it); the "
+                   "one --minutes value names the budget the steps stand for")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="pretraining seeds")
     p.add_argument("--labels", nargs="+", type=int, default=[500, 4000], help="label budgets (training examples)")
     p.add_argument("--task", default="sst2")
@@ -72,7 +76,9 @@ def job_args(a, minutes: float, seed: int) -> list[str]:
     args = list(a.overrides)
     if a.quick:
         args = ["debug=fast", "downstream.tasks=[builtin_sentiment]", "downstream.seeds=[0,1]", *args]
-    args += [f"trainer.budget.seconds={minutes * 60:g}", f"seed={seed}", "skip_completed=true"]
+    budget = [f"trainer.budget.seconds={minutes * 60:g}"] if a.steps is None else \
+        ["trainer.budget.seconds=null", f"trainer.max_steps={a.steps}"]
+    args += [*budget, f"seed={seed}", "skip_completed=true"]
     if a.screen:
         args += ["downstream.tasks=[]"]
     else:
@@ -147,6 +153,8 @@ def summarize(a, rows: list[dict]) -> dict:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
+    if a.steps is not None and len(a.minutes) != 1:
+        raise SystemExit(f"--steps {a.steps} stands for one budget; give one --minutes value (got {a.minutes})")
     if a.overrides is None:
         a.overrides = [] if a.quick else ["experiment=real_en"]
     if a.quick:
@@ -173,7 +181,7 @@ def main(argv=None) -> int:
     from mlmlab.hardware import cpu_kind
 
     payload = {"machine": machine(), "cpu": cpu_kind(), "versions": versions(), "overrides": a.overrides, "task": a.task,
-               "labels": a.labels, "parallel": len(cores), "cores": cores, "screen": a.screen, "quick": a.quick,
+               "labels": a.labels, "steps": a.steps, "beside": a.beside, "parallel": len(cores), "cores": cores, "screen": a.screen, "quick": a.quick,
                "score_split": None if a.screen else a.score_split,
                "total_wall_s": time.time() - t0, "records": str(records.relative_to(REPO_ROOT))
                if records.is_relative_to(REPO_ROOT) else str(records),
