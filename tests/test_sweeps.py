@@ -71,7 +71,8 @@ def test_sweep_file_expands_to_the_jobs_it_says(name):
     seen = {k: set() for k in params}
     for job in jobs:
         # these read ../shared/data: validated where it is present
-        real = {"replacement_dist": "finance_corpus", "real_en_rates": "imdb", "real_en_fast_rates": "imdb", "real_en_electra": "imdb",
+        real = {"replacement_dist": "finance_corpus", "real_en_rates": "imdb", "real_en_fast_rates": "imdb", "real_en_drop_rates": "imdb",
+                "real_en_electra": "imdb",
                 "real_en_fast_electra": "imdb", "real_en_fast_electra_mlm": "imdb",
                 "real_zh_units": "zh_corpus", "real_en_electra_curriculum": "imdb", "real_en_schedules": "imdb", "real_en_ratios": "imdb",
                 "real_finance_ratios": "finance_corpus", "real_medical_ratios": "medical",
