@@ -547,13 +547,17 @@ def _bench_table(spec: dict, root: Path) -> str:
     missing = [f for f, p in zip(files, loaded) if p is None]
     if missing:
         raise ReportError(f"benchmarks/results/{missing[0]}.json does not exist")
-    kw = {k: spec[k] for k in ("summary", "recipes", "labels", "steps") if spec.get(k)}  # (time_to_pay's, electra's)
+    kw = {k: spec[k] for k in ("summary", "recipes", "labels", "steps", "targets") if spec.get(k)}  # (time_to_pay's, electra's)
     body = getattr(mod, name)(loaded if len(loaded) > 1 else loaded[0], **kw)
     if len(loaded) == 1:
         return f"{body}\n\nMeasured on: {mod.where(loaded[0])}"
-    where = "; ".join(dict.fromkeys(mod.where(p).rsplit("; ", 1)[0] for p in loaded))  # the date apart
+    # the machine and versions once, each commit once, the dates as a range
+    parts = [mod.where(p).split("; ") for p in loaded]  # machine; versions; commit <c>; date
+    machines = "; ".join(dict.fromkeys("; ".join(x[:-2]) for x in parts))
+    commits = ", ".join(dict.fromkeys(x[-2].removeprefix("commit ") for x in parts))
     dates = sorted(str(p.get("created_at", "?")) for p in loaded)
-    return f"{body}\n\nMeasured on: {where}; {dates[0]} to {dates[-1]}"
+    return (f"{body}\n\nMeasured on: {machines}; commit{'s' if ',' in commits else ''} {commits}; "
+            f"{dates[0]} to {dates[-1]}")
 
 
 KINDS = {"runs": _runs_table, "compare": _compare_table, "items": _items_table, "bench": None, "findings": None}
