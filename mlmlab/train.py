@@ -126,7 +126,7 @@ def _run(cfg: DictConfig, job: Job) -> dict[str, float]:
     cost = step_cost(c.trainer, c.data, c.model, c.objective, c.mask, data.vocab_size, masking.schedule,
                      data.stats["cand_frac"], data.stats["token_frac"])
     plan = plan_budget(c.trainer, cost, record)
-    describe(record, objective, c.data, data, masking, job.info)
+    describe(record, objective, c.data, data, masking, job.info, c.mask.unit)
     job.run = start_logging(c.logger.wandb, c.resume, job) if job.rank == 0 else None
     encoder_cfg, trainer_kw = encoder_config(c.model, data.vocab_size, objective), trainer_kwargs(c.trainer)
     import pytorch_lightning as pl
@@ -290,8 +290,17 @@ def datamodule(d, seed: int, data: Data, val: dict):
     return PretrainDataModule(data.train_blocks, val, d.batch_size, d.val_batch_size, seed, d.num_workers)
 
 
-def describe(record, objective: str, d, data: Data, masking: MaskingPlan, info: dict) -> None:
-    """Stage 3's record: what the run masks with, and the data (``d``: ``data.*``) it trains and is scored on."""
+def dead_mask_keys(overrides: list[str] | None, unit: str) -> list[str]:
+    """Command-line ``mask.span.*`` / ``mask.pmi.*`` overrides that ``mask.unit`` does not read (span lengths belong
+    to unit=span, the n-gram table to unit=pmi): recorded and ignored by the job, so said."""
+    owners = {"mask.span.": "span", "mask.pmi.": "pmi"}
+    return [o for o in overrides or [] for prefix, owner in owners.items()
+            if o.lstrip("+~").startswith(prefix) and unit != owner]
+
+
+def describe(record, objective: str, d, data: Data, masking: MaskingPlan, info: dict, unit: str = "token") -> None:
+    """Stage 3's record: what the run masks with, and the data (``d``: ``data.*``) it trains and is scored on;
+    ``unit``: ``mask.unit`` (overrides of keys it does not read are said and recorded)."""
     if objective == "clm":
         record.set(masking={"note": "objective=clm does not mask; mask.* is not used"})
         ignored = [o for o in info.get("overrides") or [] if o.lstrip("+~").startswith("mask")]
@@ -303,6 +312,10 @@ def describe(record, objective: str, d, data: Data, masking: MaskingPlan, info: 
         record.set(masking={"sampler": getattr(masking.sampler, "name", type(masking.sampler).__name__),
                             "schedule": masking.schedule.describe(), **({"sampler_report": report} if report else {}),
                             **({"select": {"weight": weights.name, **weights.report}} if weights is not None else {})})
+        dead = dead_mask_keys(info.get("overrides"), unit)
+        if dead:
+            record.data["masking"]["ignored"] = dead
+            log.warning("mask.unit=%s does not read %s: they change nothing in this job", unit, ", ".join(dead))
     log.info("masking: %s", record.data["masking"])
     stats = data.stats
     record.set(data={"vocab_size": data.vocab_size, "train_blocks": len(data.train_blocks["input_ids"]),

@@ -21,6 +21,15 @@ from mlmlab.downstream.scoring import mean_ci95
 from mlmlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
+UNK_WARN = 0.02  # a share of [UNK] tokens in a task's training inputs above which the job warns
+
+
+def unk_fraction(items: list[dict]) -> float:
+    """The share of [UNK] among the tokens of encoded items ([CLS] and [SEP] left out)."""
+    from mlmlab.data.tokenizer import CLS, SEP, UNK
+
+    ids = [i for it in items for i in it["input_ids"] if i not in (CLS, SEP)]
+    return sum(1 for i in ids if i == UNK) / max(1, len(ids))
 
 
 PROTOCOL_VERSION = 1  # bump when a change to the fine-tuning code changes its numbers: it keys the random-init cache
@@ -131,6 +140,10 @@ def run_task(p: Protocol, tok, spec: TaskSpec, encoder_cfg: dict, encoder_state:
     if "validation" in records and ds.max_selection_examples is not None:  # scored after every epoch of every run
         records["validation"] = records["validation"][: ds.max_selection_examples]
     splits = {s: encode_split(tok, spec, r, f) for s, r in records.items()}
+    unk = unk_fraction(splits["train"]["items"])
+    if unk > UNK_WARN:  # a tokenizer trained on other text (mlmlab.finetune of another corpus's checkpoint)
+        log.warning("%s: %.1f%% of the training inputs' tokens are [UNK] under this encoder's tokenizer; its text is "
+                    "not the text the tokenizer was trained on", key, 100 * unk)
     names_of = {"train": "train", "validation": "selection", "test": reported}
     if reported == "selection":  # the scored part and the lr grid's (its first max_selection_examples) apart
         names_of["validation"] = "selection (lr grid / early stopping)"
@@ -138,7 +151,7 @@ def run_task(p: Protocol, tok, spec: TaskSpec, encoder_cfg: dict, encoder_state:
     report: dict = {"reported_split": reported if reported != "selection" else
                     f"selection (held out of train, n={len(records['test'])})", "main_metric": spec.main_metric,
                     "source": data.get("source", "generated"), "label_names": data["label_names"],
-                    "n": {names_of[s]: v["n"] for s, v in splits.items()}}
+                    "n": {names_of[s]: v["n"] for s, v in splits.items()}, "unk_frac": unk}
     report["predictions"] = {"split": reported, "truth": [ex["tags"] for ex in splits["test"]["index"]]
                              if spec.kind == "token" else splits["test"]["labels"]}
     if ds.protocol in ("probe", "both"):
