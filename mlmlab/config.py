@@ -707,6 +707,30 @@ def validate_analysis(a) -> None:
         raise ConfigError(str(e)) from None
 
 
+def validate_declared_metrics(cfg) -> None:
+    """A declared metric (``analysis.primary``, ``analysis.family``) that names a task must name one the job
+    fine-tunes, at a label budget it runs (``downstream/<task>@<N>/<name>``), and a ``val/mlm_loss_*`` metric needs an
+    objective that logs it: known here, before any job of a sweep runs, not after its first round."""
+    a = cfg.get("analysis")
+    if a is None or not a.get("primary"):
+        return
+    ds, objective = cfg.downstream, cfg.objective.name
+    tasks = list(ds.tasks or [])
+    mte = ds.max_train_examples
+    budgets = [int(x) for x in mte] if isinstance(mte, (list, tuple, ListConfig)) else ([int(mte)] if mte else [])
+    for key, metric in [("analysis.primary", a.primary), *(("analysis.family", m) for m in a.get("family") or [])]:
+        read = _reads(metric)
+        if read is not None and read[0] != "val":
+            head, task, n = read
+            _check(task in tasks, f"{key}={metric} reads task {task!r}, which this job does not fine-tune; allowed: "
+                   f"a metric of downstream.tasks={tasks}")
+            _check(n is None or n in budgets, f"{key}={metric} reads {n} labels, a budget this job does not run; "
+                   f"allowed: {', '.join(map(str, budgets)) or 'none (downstream.max_train_examples=null)'}")
+        if str(metric).startswith("val/mlm_loss") and objective not in ("mlm", "none"):
+            raise ConfigError(f"{key}={metric} is the MLM's fixed-mask loss, which objective={objective} does not log; "
+                              f"allowed: a metric the job logs (objective=electra: val/gen_mlm_loss_r15, ...)")
+
+
 def validate(cfg: DictConfig) -> None:
     """Reject bad values with a :class:`ConfigError` naming the key and the allowed values. Does no data work."""
     from mlmlab.data.tokenizer import SPECIAL_TOKENS, WORD_SEGMENTERS  # local: keeps config importable without data
@@ -730,6 +754,7 @@ def validate(cfg: DictConfig) -> None:
 
                 find_data_path(str(sel.get(key)), cfg.paths.get("data_dir"), f"mask.select.{key}")
     validate_analysis(cfg.get("analysis"))
+    validate_declared_metrics(cfg)
     sampler = cfg.mask.sampler
     for key in ("word_list", "corpus", "reference"):  # the domain sampler's files: found now, not after tokenizing
         if isinstance(sampler, DictConfig) and sampler.get(key) is not None:

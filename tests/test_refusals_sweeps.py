@@ -4,6 +4,7 @@ and a live sweep or job folder is locked (mlmlab.sweep.lock_folder: flock, relea
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -182,3 +183,20 @@ def test_a_lock_dies_with_its_process(tmp_path):
     assert lock_folder(tmp_path, SWEEP_LOCK, "multirun")
     assert not lock_folder(tmp_path, SWEEP_LOCK, "multirun")  # already ours
     unlock_folder(tmp_path, SWEEP_LOCK)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["analysis.primary=downstream/sst3@500/acc"], "reads task 'sst3', which this job does not fine-tune"),
+    (["analysis.primary=downstream/builtin_sentiment@64/acc", "downstream.max_train_examples=[16,32]"],
+     "reads 64 labels, a budget this job does not run; allowed: 16, 32"),
+    (["analysis.primary=downstream/score", "analysis.family=[val/mlm_loss_r15]", "objective=electra"],
+     "analysis.family=val/mlm_loss_r15 is the MLM's fixed-mask loss, which objective=electra does not log"),
+])
+def test_a_declared_metric_the_job_never_logs_is_refused_at_validation(cfg_factory, overrides, message):
+    """Issue 54 item 13: known before any job (a sweep validates every job first), not after round 1."""
+    from mlmlab.config import ConfigError, validate
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate(cfg_factory("downstream.tasks=[builtin_sentiment]", *overrides))
+    validate(cfg_factory("downstream.tasks=[builtin_sentiment]", "downstream.max_train_examples=[16,32]",
+                         "analysis.primary=downstream/builtin_sentiment@32/acc", "analysis.family=[val/mlm_loss_r15]"))
