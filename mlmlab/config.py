@@ -758,9 +758,13 @@ def validate(cfg: DictConfig) -> None:
     sampler = cfg.mask.sampler
     for key in ("word_list", "corpus", "reference"):  # the domain sampler's files: found now, not after tokenizing
         if isinstance(sampler, DictConfig) and sampler.get(key) is not None:
-            from mlmlab.data.vocab_stats import find_data_path
+            from mlmlab.data.vocab_stats import find_data_path, read_lines
 
             find_data_path(str(sampler.get(key)), cfg.paths.get("data_dir"), f"mask.sampler.{key}")
+            if key == "word_list":  # a small file: its entries are checked now (their vocabulary after tokenizing)
+                _check(bool(read_lines(str(sampler.word_list), cfg.paths.get("data_dir"))),
+                       f"mask.sampler.word_list={sampler.word_list!r} holds no entries (empty, or only blank and "
+                       "# lines); expected one domain term per line")
     _owned(check_rate, "eval.rate", cfg.eval.rate)
     _owned(ReplaceConfig(**OmegaConf.to_container(cfg.eval.replace)).check, "eval.replace")
     units = eval_units(cfg.eval)

@@ -154,3 +154,12 @@ def test_domain_word_list_out_of_vocabulary_is_reported(cfg_factory, tmp_path):
         build_recipe(cfg.mask, make_sampler_context(cfg.data, cfg.tokenizer, cfg.paths, tok, blocks), blocks["train"])
     with pytest.raises(ConfigError, match="mask.sampler"):
         train(cfg_factory("mask=domain_vocab", f"mask.sampler.word_list={tmp_path / 'missing.txt'}", *QUICK))
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n\n   \n"])
+def test_an_empty_domain_word_list_is_refused_at_validation(cfg_factory, tmp_path, text):
+    """Issue 54 item 14: before the tokenizer and blocks are built (minutes on a real corpus)."""
+    p = tmp_path / "terms.txt"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=r"mask.sampler.word_list=.*holds no entries \(empty, or only blank and #"):
+        validate(cfg_factory("mask=domain_vocab", f"mask.sampler.word_list={p}"))
