@@ -62,6 +62,42 @@ def grid(config) -> list[list[str]]:
     return [job for batch in BasicSweeper.split_arguments(grid_overrides(config, task), None) for job in batch]
 
 
+def check_start(cfg, overrides: list[str], loader, seen: set) -> None:
+    """A job's ``init.*`` as its job will check it, before any job of the grid runs: ``init.checkpoint`` read (once per
+    process) and its shape and tokenizer set against the job's overrides (a ``model.*`` arm that contradicts the start
+    is refused here, not after other arms trained); ``init.pretrain``'s own job composed and validated once per
+    distinct override list (a bad override is refused here, not in every arm's child)."""
+    from hydra.types import RunMode
+    from omegaconf import open_dict
+
+    from mlmlab import init as init_
+    from mlmlab.config import ConfigError, validate
+
+    init = cfg.get("init")
+    if not init_.is_set(init):
+        return
+    init_.check(init)
+    if init.checkpoint is not None:
+        start = init_.resolve(init, cfg.paths.cache_dir, cfg.paths.get("data_dir"))
+        init_.adopt(cfg.model, cfg.tokenizer, start, overrides)
+        return
+    key = tuple(init.pretrain)
+    if key in seen:
+        return
+    seen.add(key)
+    try:
+        start_cfg = loader.load_configuration("train", list(key), RunMode.RUN)
+    except Exception as e:  # Hydra's composition errors (an unknown key, a bad value's grammar)
+        raise ConfigError(f"init.pretrain={list(key)}: the start's job cannot be composed: "
+                          f"{str(e).splitlines()[0]}") from None
+    with open_dict(start_cfg):
+        start_cfg.pop("hydra", None)
+    try:
+        validate(start_cfg)
+    except ConfigError as e:
+        raise ConfigError(f"init.pretrain={list(key)}: the start's job is invalid: {e}") from None
+
+
 def validate_grid(config) -> None:
     """Compose and validate every job of a pretraining multirun before any runs (mlmlab.config.validate: the job's own
     checks, files included); a bad arm is a ConfigError naming its overrides, and nothing has run or been written.
@@ -76,11 +112,13 @@ def validate_grid(config) -> None:
         return
     jobs = grid(config)
     loader = GlobalHydra.instance().config_loader()
+    starts: set = set()
     for job in jobs:
         try:
             cfg = loader.load_sweep_config(config, list(job))  # as Hydra composes the job (its search path too)
             with open_dict(cfg):
                 cfg.pop("hydra", None)
+            check_start(cfg, list(job), loader, starts)
             validate(cfg)
         except ConfigError as e:
             raise ConfigError(f"sweep job [{' '.join(job)}]: {e} (no job of the {len(jobs)} has run)") from None

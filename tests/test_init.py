@@ -132,3 +132,21 @@ def test_init_pretrain_makes_the_start_once(tmp_path, cache_dir):
     assert out[1]["timings_s"]["init"] < out[0]["timings_s"]["init"]  # the second job reads the cached start
     with pytest.raises(ConfigError, match="init.pretrain"):
         train(make_cfg([*FAST, "init.pretrain=[nokey]", "logger=none"], tmp_path / "bad", cache_dir))
+
+
+def test_a_grid_with_a_start_is_validated_whole_before_any_job(start, tmp_path, cache_dir):
+    """Issue 54 item 11: a model.* arm that contradicts init.checkpoint, and a bad init.pretrain override, are refused
+    when the grid is validated -- no arm has trained, no start has been built."""
+    run, _, _ = start["post"]
+    hidden = json.loads((run / "results.json").read_text())["config"]["model"]["hidden_size"]
+    p = run_cli(["-m", *FAST, "logger=none", "downstream.tasks=[]", f"init.checkpoint={run}",
+                 f"model.hidden_size={hidden},{hidden * 2}", f"hydra.sweep.dir={tmp_path / 'a'}"], cache_dir,
+                full_error=False)
+    assert p.returncode != 0
+    assert f"model.hidden_size={hidden * 2} contradicts the start" in p.stderr and "(no job of the 2 has run)" in p.stderr
+    assert not list((tmp_path / "a").rglob("results.json"))
+    p = run_cli(["-m", *FAST, "logger=none", "downstream.tasks=[]", "init.pretrain=['debug=fast','trainer.max_stepz=3']",
+                 "seed=0,1", f"hydra.sweep.dir={tmp_path / 'b'}"], cache_dir, full_error=False)
+    assert p.returncode != 0 and "init.pretrain=['debug=fast', 'trainer.max_stepz=3']: the start's job cannot be " \
+        "composed" in p.stderr and "(no job of the 2 has run)" in p.stderr
+    assert not list((tmp_path / "b").rglob("results.json"))
