@@ -299,6 +299,17 @@ def pretrain_key(overrides: list[str]) -> dict:
     return {"kind": "init_pretrain", "overrides": list(overrides), "version": INIT_VERSION}
 
 
+def child_error(stderr: str) -> str:
+    """The start's job's own error from its stderr: its ``error: ...`` line without the record's path (a temporary
+    folder, deleted), else its last line that is not Hydra's pointer to HYDRA_FULL_ERROR."""
+    lines = [x.strip() for x in stderr.strip().splitlines() if x.strip()]
+    mine = [x for x in lines if x.startswith("error: ")]
+    if mine:
+        return re.sub(r" \(record: [^)]*\)$", "", mine[-1][len("error: "):])
+    rest = [x for x in lines if "HYDRA_FULL_ERROR" not in x]
+    return rest[-1] if rest else "(no output)"
+
+
 def pretrained_start(overrides: list[str], cache_dir: str, data_dir: str | None) -> Path:
     """``init.pretrain``: the checkpoint of ``python -m mlmlab.train <overrides>`` (no fine-tuning, no W&B, one
     pretraining), made once under a file lock and cached (``<cache_dir>/init/<hash>/last.ckpt``, content-hashed like
@@ -312,15 +323,16 @@ def pretrained_start(overrides: list[str], cache_dir: str, data_dir: str | None)
 
     def build(tmp: Path) -> None:
         with tempfile.TemporaryDirectory(dir=tmp.parent, prefix=".run") as run:
+            # hydra.run.dir: the start's job writes only in this temporary folder (no outputs/<date>/<time> left in
+            # the user's folder); HYDRA_FULL_ERROR=0: its error is its own one line, kept (the folder is deleted)
             cmd = [sys.executable, "-m", "mlmlab.train", *overrides, "downstream.tasks=[]",
                    "downstream.random_init_baseline=false", "logger=none", f"paths.output_dir={run}",
-                   f"paths.cache_dir={cache_dir}", "trainer.enable_progress_bar=false"]
-            env = {**os.environ, **({"MLMLAB_DATA_DIR": str(data_dir)} if data_dir else {})}
+                   f"hydra.run.dir={run}", f"paths.cache_dir={cache_dir}", "trainer.enable_progress_bar=false"]
+            env = {**os.environ, "HYDRA_FULL_ERROR": "0", **({"MLMLAB_DATA_DIR": str(data_dir)} if data_dir else {})}
             log.info("init.pretrain: making the start once: %s", " ".join(cmd[1:]))
             r = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if r.returncode != 0:
-                tail = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
-                raise ConfigError(f"init.pretrain={overrides}: the start's job failed: {tail}")
+                raise ConfigError(f"init.pretrain={overrides}: the start's job failed: {child_error(r.stderr)}")
             (Path(run) / "checkpoints" / "last.ckpt").replace(tmp)
             for f in ("results.json", "train_log.jsonl"):
                 if (Path(run) / f).exists():

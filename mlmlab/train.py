@@ -8,6 +8,7 @@ metrics (usable from tests); ``main`` returns ``downstream/score`` for Hydra swe
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from dataclasses import dataclass
 from functools import partial
@@ -408,5 +409,21 @@ def main(cfg: DictConfig) -> float:
     return train(cfg).get("downstream/score", float("nan"))  # DDP ranks > 0 do no downstream work
 
 
+def check_argv(argv: list[str]) -> str | None:
+    """What Hydra's override grammar would reject without a hint: ``init.pretrain=[a=b,...]`` with the items unquoted
+    (each item is itself an override, so its ``=`` needs quotes). The one-line error, or None."""
+    for arg in argv:
+        key, _, value = arg.lstrip("+~").partition("=")
+        if key == "init.pretrain" and value.startswith("[") and "=" in value and not any(q in value for q in "'\""):
+            items = ",".join(f"'{x.strip()}'" for x in value.strip("[]").split(","))
+            return (f"init.pretrain={value}: quote each item, which is itself an override: "
+                    f"\"init.pretrain=[{items}]\"")
+    return None
+
+
 if __name__ == "__main__":
+    bad = check_argv(sys.argv[1:])
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
+        raise SystemExit(2)
     main()

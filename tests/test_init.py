@@ -150,3 +150,28 @@ def test_a_grid_with_a_start_is_validated_whole_before_any_job(start, tmp_path, 
     assert p.returncode != 0 and "init.pretrain=['debug=fast', 'trainer.max_stepz=3']: the start's job cannot be " \
         "composed" in p.stderr and "(no job of the 2 has run)" in p.stderr
     assert not list((tmp_path / "b").rglob("results.json"))
+
+
+def test_init_pretrain_errors_say_the_start_s_own_error(tmp_path, cache_dir):
+    """Issue 54 item 12: the start's job's one-line error (not Hydra's HYDRA_FULL_ERROR pointer, nor a deleted record's
+    path); the unquoted list form gets a hint to quote its items, before Hydra's grammar error."""
+    from mlmlab.init import child_error
+    from mlmlab.train import check_argv
+
+    assert child_error("x\nerror: model.norm='a' is not known (record: /tmp/.run1/results.json)\nSet the environment "
+                       "variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n") == "model.norm='a' is not known"
+    assert child_error("Traceback ...\nValueError: boom\nSet the environment variable HYDRA_FULL_ERROR=1 for a "
+                       "complete stack trace.") == "ValueError: boom"
+    assert check_argv(["init.pretrain=[debug=fast,seed=0]"]) == (
+        "init.pretrain=[debug=fast,seed=0]: quote each item, which is itself an override: "
+        "\"init.pretrain=['debug=fast','seed=0']\"")
+    assert check_argv(["init.pretrain=['debug=fast','seed=0']", "seed=1"]) is None
+    p = run_cli([*FAST, "init.pretrain=[debug=fast,seed=0]", f"hydra.run.dir={tmp_path / 'x'}"], cache_dir,
+                full_error=False)
+    assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith("error: init.pretrain=[debug=fast,seed=0]: "
+                                                                               "quote each item")
+    p = run_cli([*FAST, "logger=none", "downstream.tasks=[]", "init.pretrain=['debug=fast','model.norm=sideways']",
+                 f"hydra.run.dir={tmp_path / 'y'}"], cache_dir, full_error=False)
+    last = p.stderr.strip().splitlines()[-1]
+    assert p.returncode != 0 and "the start's job failed: model.norm='sideways' is not known; allowed: post, pre" in last
+    assert ".run" not in last  # no path of the start's deleted folder
