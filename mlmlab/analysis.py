@@ -204,13 +204,16 @@ def _main(a) -> int:
         return 2
     try:
         df = _load_selected(a)  # failed jobs: left out, counted below (include_failed=true: listed)
-        failed = df[df["status"] != "ok"]
+        failed = df[~df["status"].isin(["ok", "running"])]
+        running = list(dict.fromkeys([*df.attrs.get("running", []), *df.loc[df["status"] == "running", "run_dir"]]))
+        if running:  # a sweep still running: its live jobs are neither results nor failures
+            print(f"{len(running)} running run(s), left out: {', '.join(Path(d).name for d in running)}")
         if len(failed):
             print(f"{len(failed)} failed run(s):")
             for _, r in failed.iterrows():
                 print(f"  {r['run_dir']}: {r.get('error', r['status'])}")
-            if failed.shape[0] == df.shape[0]:
-                return 0
+        if not (df["status"] == "ok").any():
+            return 0
         _columns(df, [*a.by, *a.metric])  # dict-valued and "a - b" columns added to df itself, before any filtering
         table = aggregate(df[df["status"] == "ok"], a.by, a.metric)
         comparison = None
@@ -218,6 +221,11 @@ def _main(a) -> int:
             base = _cli_value(a.baseline, df[a.by[0]])
             declared = declared_question(df, a.primary, a.family, a.delta)
             metrics = list(dict.fromkeys([*a.metric, *declared.metrics_family(a.metric)]))
+            ok = df[df["status"] == "ok"]
+            others = sorted(set(ok[a.by[0]]) - {base}, key=str)
+            if not others:  # only the baseline has finished (a sweep in its first round)
+                raise ValueError(f"no finished run of an arm besides the baseline {a.by[0]}={a.baseline} yet "
+                                 f"({len(ok)} finished, {len(running)} running); nothing to compare")
             comparison = question(df, a.by[0], base, metrics, declared, pair_on=a.pair_on, ignore=a.ignore or ())
             for metric, runs in comparison.attrs.get("missing", {}).items():  # each would drop a seed unnamed
                 print(f"warning: {len(runs)} finished run(s) lack {metric}, left out of its pairs: {', '.join(runs)}",
@@ -226,8 +234,8 @@ def _main(a) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     with pd.option_context("display.width", 160, "display.max_columns", 50, "display.float_format", "{:.4f}".format):
-        left_out = [f"{df.attrs[k]} {what}" for k, what in (("n_skipped", "unreadable"), ("n_failed", "failed"))
-                    if df.attrs.get(k)]
+        left_out = [f"{df.attrs[k]} {what}" for k, what in (("n_skipped", "unreadable"), ("n_failed", "failed"),
+                                                             ("n_running", "running")) if df.attrs.get(k)]
         print(f"{len(df)} runs from {df.attrs.get('source', a.source)}" + (f" ({', '.join(left_out)}, left out)" if left_out else ""))
         print(table.to_string())
         if comparison is not None:

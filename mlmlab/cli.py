@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -90,6 +91,8 @@ def parse(argv: Sequence[str] | None, opts: dict[str, Opt], prog: str,
     given: dict[str, Any] = {}
     for i, token in enumerate(argv):
         key, sep, raw = token.partition("=")
+        if positional and i == 0 and sep and key.strip() not in opts and Path(token).expanduser().exists():
+            sep = ""  # a path that holds "=" (every multirun job folder's name does): the positional argument
         if not sep:
             if positional and i == 0:
                 key, raw = positional, token
@@ -97,7 +100,9 @@ def parse(argv: Sequence[str] | None, opts: dict[str, Opt], prog: str,
                 raise UsageError(f"argument {token!r} is not key=value\n{usage(prog, opts, positional)}")
         key = key.strip()
         if key not in opts:
-            raise UsageError(f"unknown key {key!r}; allowed: {', '.join(opts)}\n{usage(prog, opts, positional)}")
+            hint = (f" (a path? {token!r} does not exist; give it as {positional}=<path>)"
+                    if positional and ("/" in key or "\\" in key) else "")
+            raise UsageError(f"unknown key {key!r}{hint}; allowed: {', '.join(opts)}\n{usage(prog, opts, positional)}")
         if key in given:
             raise UsageError(f"{key} is given twice")
         given[key] = _convert(key, raw.strip(), opts[key])

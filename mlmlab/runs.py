@@ -53,7 +53,9 @@ def load_runs(source: str | Path | Sequence[str | Path], include_failed: bool = 
         df.attrs.update(source=", ".join(f.attrs["source"] for f in frames),
                         skipped=[s for f in frames for s in f.attrs["skipped"]],
                         n_skipped=sum(f.attrs["n_skipped"] for f in frames),
-                        n_failed=sum(f.attrs["n_failed"] for f in frames))
+                        n_failed=sum(f.attrs["n_failed"] for f in frames),
+                        n_running=sum(f.attrs.get("n_running", 0) for f in frames),
+                        running=[d for f in frames for d in f.attrs.get("running", [])])
         return df
     if source_kind not in ("auto", "results", "wandb"):
         raise ValueError(f"source_kind={source_kind!r}; allowed: auto, results, wandb")
@@ -64,19 +66,22 @@ def load_runs(source: str | Path | Sequence[str | Path], include_failed: bool = 
         if not root.exists():
             raise NoRunsError(f"{root} does not exist; give a job or sweep dir, or wandb:<entity>/<project>[/<group>]")
         rows, skipped = _from_dir(root, source_kind, job_type)
-    failed = [r for r in rows if r["status"] != "ok"]
+    failed = [r for r in rows if r["status"] not in ("ok", "running")]
+    running = [r for r in rows if r["status"] == "running"]  # a live job (its W&B run has no exit code yet)
     if not include_failed:
         rows = [r for r in rows if r["status"] == "ok"]
     if skipped:
         log.warning("skipped %d unreadable run(s): %s", len(skipped), "; ".join(f"{p} ({why})" for p, why in skipped))
     if not rows:
         what = (f"{len(failed)} failed run(s) (include_failed=true shows them: "
-                f"{'; '.join(str(r.get('error', r['status']))[:120] for r in failed[:3])})" if failed else "no runs")
+                f"{'; '.join(str(r.get('error', r['status']))[:120] for r in failed[:3])})" if failed else
+                f"no finished runs yet ({len(running)} running)" if running else "no runs")
         detail = f"; {len(skipped)} unreadable: {skipped[0][0]} ({skipped[0][1]})" if skipped else ""
         raise NoRunsError(f"{source}: {what}{detail}")
     df = pd.DataFrame(rows)
     df.attrs.update(source=str(source), skipped=[{"path": str(p), "reason": why} for p, why in skipped],
-                    n_skipped=len(skipped), n_failed=len(failed))
+                    n_skipped=len(skipped), n_failed=len(failed), n_running=len(running),
+                    running=[str(r["run_dir"]) for r in running])
     return df
 
 

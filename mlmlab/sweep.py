@@ -113,6 +113,7 @@ def validate_grid(config) -> None:
     jobs = grid(config)
     loader = GlobalHydra.instance().config_loader()
     starts: set = set()
+    bad: list[tuple] = []
     for job in jobs:
         try:
             cfg = loader.load_sweep_config(config, list(job))  # as Hydra composes the job (its search path too)
@@ -121,7 +122,14 @@ def validate_grid(config) -> None:
             check_start(cfg, list(job), loader, starts)
             validate(cfg)
         except ConfigError as e:
-            raise ConfigError(f"sweep job [{' '.join(job)}]: {e} (no job of the {len(jobs)} has run)") from None
+            bad.append((job, str(e)))
+    if bad:  # every distinct error, each with the first job it came from and how many more share it
+        by: dict[str, list] = {}
+        for job, err in bad:
+            by.setdefault(err, []).append(job)
+        parts = [f"sweep job [{' '.join(js[0])}]{f' and {len(js) - 1} more' if len(js) > 1 else ''}: {err}"
+                 for err, js in by.items()]
+        raise ConfigError(f"{'; '.join(parts)} (no job of the {len(jobs)} has run)")
     if jobs:
         log.info("validated the %d jobs of the sweep before running any", len(jobs))
 

@@ -93,7 +93,11 @@ def test_a_config_error_is_one_line_without_a_traceback(tmp_path, cache_dir):
 def test_a_bad_arm_of_a_grid_fails_before_any_job_runs(tmp_path, cache_dir):
     """The whole grid is composed and validated first: the bad arm is named, no job dir is written."""
     sweep = tmp_path / "sweep"
-    p = run_cli(["-m", "debug=fast", "mask.rate=0.1,1.5", f"hydra.sweep.dir={sweep}"], cache_dir, full_error=False)
+    p = run_cli(["-m", "debug=fast", "mask.rate=0.1,1.5,-1", "seed=0,1", f"hydra.sweep.dir={sweep}"], cache_dir,
+                full_error=False)
     assert p.returncode == 2 and "Traceback" not in p.stderr  # one line
-    assert "sweep job [debug=fast mask.rate=1.5]: mask.rate=1.5 must be in the open interval (0, 1)" in p.stderr
-    assert "no job of the 2 has run" in p.stderr and not sweep.exists()
+    # every bad arm is named (issue 54 item 15), each error once with how many jobs share it
+    assert "sweep job [debug=fast mask.rate=1.5 seed=0] and 1 more: mask.rate=1.5 must be in the open interval (0, 1)" \
+        in p.stderr
+    assert "sweep job [debug=fast mask.rate=-1 seed=0] and 1 more: mask.rate=-1" in p.stderr
+    assert "no job of the 6 has run" in p.stderr and not sweep.exists()

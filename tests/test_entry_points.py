@@ -50,3 +50,14 @@ def test_help_prints_the_usage(capsys):
     with pytest.raises(SystemExit) as e:
         analysis.main(["help"])
     assert e.value.code == 0 and "label_budget=" in capsys.readouterr().out
+
+
+def test_a_job_folder_whose_name_holds_an_equals_sign_is_the_source(tmp_path):
+    """Issue 54 item 15: every multirun job folder's name holds "=": an existing path is the positional argument; a
+    path-like key that does not exist gets a hint to use source=."""
+    job = tmp_path / "multirun" / "mask.rate=0.15,seed=0"
+    job.mkdir(parents=True)
+    assert parse([str(job), "n=2"], OPTS, "prog", positional="source").source == str(job)
+    with pytest.raises(UsageError, match=r"unknown key '.*/gone/mask.rate' \(a path\? '.*' does not exist; give it as "
+                                         r"source=<path>\)"):
+        parse([str(tmp_path / "gone" / "mask.rate=0.15")], OPTS, "prog", positional="source")

@@ -148,3 +148,15 @@ def test_plan_refuses_a_one_seed_pilot(tmp_path, capsys):
     assert rc == 2 and "the pilot pairs 1 pretraining seed(s) (seed) of mask.rate=0.4 with mask.rate=0.15" in err
     assert rc == 2 and "a plan needs >= 2" in err
     assert A.main(["plan", str(sweep(tmp_path / "ok")), "by=mask.rate", "baseline=0.15", "effect=0.01"]) == 0
+
+
+def test_analysis_while_a_sweep_runs_names_running_jobs_and_compares_nothing_yet(tmp_path, capsys):
+    """Issue 54 item 15: a live job is "running", not "failed"; with only the baseline arm finished the analysis says
+    there is nothing to compare yet (it crashed with KeyError: 'metric')."""
+    for s in range(3):
+        write(tmp_path, "lo", s, 0.50 + 0.01 * s)
+        write(tmp_path, "hi", s, None, status="running")
+    rc = A.main([str(tmp_path), "by=mask.rate", "baseline=0.15"])
+    cap = capsys.readouterr()
+    assert rc == 2 and "3 running run(s), left out: hi_s0, hi_s1, hi_s2" in cap.out and "failed" not in cap.out
+    assert "error: no finished run of an arm besides the baseline mask.rate=0.15 yet (3 finished, 3 running)" in cap.err
