@@ -83,11 +83,11 @@ def compose(overrides: list[str]):
 def job_pieces(cfg):
     """What the job itself builds from the config: typed config, data (tokenizer, blocks, sampler context), the
     masking plan (recipe + fixed validation masks) and the data module (the job's batch order)."""
+    from mlmlab.build import build_recipe
     from mlmlab.config import typed, validate
     from mlmlab.data.corpus import block_stats, get_blocks
     from mlmlab.data.vocab_stats import make_sampler_context
-    from mlmlab.pretraining import Data
-    from mlmlab.train import build_masking_plan, build_recipe, datamodule
+    from mlmlab.pretraining import Data, build_masking_plan, datamodule
 
     validate(cfg)
     c = typed(cfg)

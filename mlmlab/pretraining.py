@@ -251,3 +251,116 @@ def evaluate(p: Pretraining, dm, extra_val: dict, datamodule_for: Callable[[dict
         record.set(val_curve=speed.curve(speed.tokens_per_step))
     # a corruption kind the fixed masks do not use (eval.replace.random=0: no random positions) has no loss
     return {k: v for k, v in out.items() if not ("/mlm_loss_at_" in k and math.isnan(v))}
+
+
+def prepare_data(proto, d, t, paths, per_source: bool, tok=None) -> Data:
+    """Stage 1: every downstream task loaded (and checked) first -- a bad file or an unreachable hub fails before the
+    corpus is tokenized -- then the tokenizer and the packed blocks of ``data.*`` / ``tokenizer.*`` (``d``, ``t``;
+    cached under ``paths.cache_dir``), the sampler context and (``eval.per_source``) each mixture source's blocks.
+    ``tok``: the start's tokenizer (``init.*``) instead of one trained on the corpus; ``proto``: the job's downstream
+    protocol (mlmlab.downstream.Protocol)."""
+    from mlmlab.data.corpus import block_stats, get_blocks, source_val_blocks
+    from mlmlab.data.vocab_stats import make_sampler_context
+    from mlmlab.downstream import check_label_budgets
+
+    for name in proto.ds.tasks:
+        proto.tasks[name].load(proto.src)
+    check_label_budgets(proto)
+    packing: dict = {}
+    tok, blocks = get_blocks(d, t, paths.cache_dir, packing, tok)
+    train_blocks = blocks["train"]
+    n_train = len(train_blocks["input_ids"])
+    if n_train < d.batch_size:
+        raise ConfigError(f"data.batch_size={d.batch_size} is larger than the {n_train} training blocks; "
+                          f"allowed: 1..{n_train}")
+    val_blocks = {k: v[: d.max_val_blocks] for k, v in blocks["validation"].items()}
+    ctx = make_sampler_context(d, t, paths, tok, blocks)
+    source_val = source_val_blocks(d, t, paths.cache_dir, tok) if per_source else []
+    return Data(tok, train_blocks, val_blocks, ctx, block_stats(train_blocks), packing, source_val)
+
+
+def build_masking_plan(recipe, e, data: Data) -> MaskingPlan:
+    """Stage 2: the run's masking ``recipe`` (mlmlab.build.build_recipe of ``mask.*``: the replacement sampler, the
+    rate schedule, the masker) with the fixed evaluation masks of ``eval.*`` (``e``: Bernoulli per unit of
+    ``eval.units``, uniform replacements) of the validation blocks and (``eval.per_source``) of each mixture source's."""
+    from mlmlab.build import eval_masks, eval_suffix
+    from mlmlab.config import eval_units
+    from mlmlab.data.tokenizer import PAD
+
+    units = eval_units(e)
+
+    def masked(vb: dict, unit: str):
+        fixed = eval_masks(vb, e, data.ctx, unit)
+        return fixed, {"input_ids": fixed.input_ids, "labels": fixed.labels, "attention_mask": vb["input_ids"] != PAD,
+                       "original_ids": vb["input_ids"], "special_tokens_mask": vb["special_tokens_mask"]}
+
+    fixed, val = masked(data.val_blocks, units[0])
+    extra = {eval_suffix(e.rate, u): masked(data.val_blocks, u)[1] for u in units[1:]}
+    extra.update({f"{eval_suffix(e.rate, units[0])}_mix{i}": masked(vb, units[0])[1]
+                  for i, vb in enumerate(data.source_val)})
+    return MaskingPlan(recipe, fixed, val, eval_suffix(e.rate, units[0]), extra)
+
+
+def ngram_reference(d, t, paths, e, data: Data, masking: MaskingPlan) -> dict:
+    """Stage 2's references: the unigram and bigram models' loss on the fixed evaluation masks (``masking.fixed``,
+    ``eval.*``: ``e``), counted on the training blocks of ``data.*`` / ``tokenizer.*`` (``d``, ``t``), once per corpus,
+    tokenizer and masks (cached under ``paths.cache_dir``; :mod:`mlmlab.data.ngram`)."""
+    from mlmlab.config import eval_units
+    from mlmlab.data.ngram import cached_reference
+    from mlmlab.masking.replacement import UniformSampler
+
+    return cached_reference(d, t, paths.cache_dir, data.tok, data.train_blocks, masking.fixed, e, eval_units(e)[0],
+                            data.ctx, UniformSampler(data.ctx).probs)
+
+
+def datamodule(d, seed: int, data: Data, val: dict):
+    """The data module of ``data.*`` (``d``): the training blocks in a seeded, resumable order; ``val`` for validation."""
+    from mlmlab.data.datamodule import PretrainDataModule
+
+    return PretrainDataModule(data.train_blocks, val, d.batch_size, d.val_batch_size, seed, d.num_workers)
+
+
+def dead_mask_keys(overrides: list[str] | None, unit: str) -> list[str]:
+    """Command-line ``mask.span.*`` / ``mask.pmi.*`` overrides that ``mask.unit`` does not read (span lengths belong
+    to unit=span, the n-gram table to unit=pmi): recorded and ignored by the job, so said."""
+    owners = {"mask.span.": "span", "mask.pmi.": "pmi"}
+    return [o for o in overrides or [] for prefix, owner in owners.items()
+            if o.lstrip("+~").startswith(prefix) and unit != owner]
+
+
+def describe(record, objective: str, d, data: Data, masking: MaskingPlan, info: dict, unit: str = "token") -> None:
+    """Stage 3's record: what the run masks with, and the data (``d``: ``data.*``) it trains and is scored on;
+    ``unit``: ``mask.unit`` (overrides of keys it does not read are said and recorded)."""
+    if objective == "clm":
+        record.set(masking={"note": "objective=clm does not mask; mask.* is not used"})
+        ignored = [o for o in info.get("overrides") or [] if o.lstrip("+~").startswith("mask")]
+        if ignored:
+            log.warning("objective=clm does not mask: %s change nothing in this job", ", ".join(ignored))
+    else:
+        report = getattr(masking.sampler, "report", None)
+        weights = masking.recipe.masker.weights  # mask.select: which weights, and their summary
+        record.set(masking={"sampler": getattr(masking.sampler, "name", type(masking.sampler).__name__),
+                            "schedule": masking.schedule.describe(), **({"sampler_report": report} if report else {}),
+                            **({"select": {"weight": weights.name, **weights.report}} if weights is not None else {})})
+        dead = dead_mask_keys(info.get("overrides"), unit)
+        if dead:
+            record.data["masking"]["ignored"] = dead
+            log.warning("mask.unit=%s does not read %s: they change nothing in this job", unit, ", ".join(dead))
+    log.info("masking: %s", record.data["masking"])
+    stats = data.stats
+    record.set(data={"vocab_size": data.vocab_size, "train_blocks": len(data.train_blocks["input_ids"]),
+                     "val_blocks": len(masking.val["input_ids"]), "train_tokens": stats["tokens"],
+                     "eval_masked_tokens": int((masking.fixed.labels != -100).sum()),
+                     # documents longer than a block: packed over consecutive blocks, never cut off (counted)
+                     **({"long_docs": {k: v["long_docs"] for k, v in data.packing.items()},
+                         "packing": data.packing} if data.packing else {}),
+                     # eval.per_source: which source each val/mlm_loss_r15_mix<i> scores, on how many blocks
+                     **({"val_sources": [{"suffix": f"mix{i}", "source": str(s.get("val_path") or s.get("path")),
+                                          "blocks": len(vb["input_ids"])}
+                                         for i, (s, vb) in enumerate(zip(d.mix, data.source_val))]}
+                        if data.source_val else {})})
+    if objective != "clm":
+        from mlmlab.baseline import unigram_reference
+
+        record.data["data"].update(unigram_reference(data.ctx.token_counts(), masking.fixed.labels))
+    log.info("data: %s", record.data["data"])

@@ -106,9 +106,9 @@ def blocks_of(cfg, report: dict | None = None):
 
 
 def prepared(cfg):
-    """Stage 1 of a pretraining job (``mlmlab.train.prepare_data``) for a composed config."""
+    """Stage 1 of a pretraining job (``mlmlab.pretraining.prepare_data``) for a composed config."""
     from mlmlab.downstream import Protocol
-    from mlmlab.train import prepare_data
+    from mlmlab.pretraining import prepare_data
 
     return prepare_data(Protocol.of(cfg.paths, cfg.data, cfg.downstream), cfg.data, cfg.tokenizer, cfg.paths,
                         cfg.eval.per_source)

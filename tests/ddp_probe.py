@@ -22,7 +22,8 @@ from conftest import FAST, make_cfg, prepared  # noqa: E402
 
 from mlmlab.build import build_module, build_recipe, eval_suffix  # noqa: E402
 from mlmlab.data.datamodule import with_attention_mask  # noqa: E402
-from mlmlab.train import build_masking_plan, datamodule, encoder_config  # noqa: E402
+from mlmlab.pretraining import build_masking_plan, datamodule  # noqa: E402
+from mlmlab.train import encoder_config  # noqa: E402
 
 STEPS = 3
 

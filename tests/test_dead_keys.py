@@ -7,7 +7,7 @@ import pytest
 
 from mlmlab.data.tokenizer import CLS, SEP, UNK
 from mlmlab.downstream.protocol import UNK_WARN, unk_fraction
-from mlmlab.train import dead_mask_keys
+from mlmlab.pretraining import dead_mask_keys
 
 
 @pytest.mark.parametrize("unit,overrides,dead", [

@@ -119,7 +119,10 @@ def test_rope_attention_depends_on_relative_offsets_only():
     g = torch.Generator().manual_seed(1)
     q, k = torch.randn(1, 1, 1, 12, generator=g), torch.randn(1, 1, 1, 12, generator=g)
     cos, sin = rope_tables(30, 12)
-    dot = lambda m, n: (apply_rope(q, cos[m:m + 1], sin[m:m + 1]) * apply_rope(k, cos[n:n + 1], sin[n:n + 1])).sum()
+
+    def dot(m, n):
+        return (apply_rope(q, cos[m:m + 1], sin[m:m + 1]) * apply_rope(k, cos[n:n + 1], sin[n:n + 1])).sum()
+
     assert torch.allclose(dot(3, 1), dot(20, 18), atol=1e-5) and not torch.allclose(dot(3, 1), dot(3, 2), atol=1e-3)
     assert torch.allclose(apply_rope(q, cos[:1], sin[:1]), q)  # position 0 is not rotated
     torch.manual_seed(0)

@@ -155,8 +155,8 @@ def test_a_grid_with_a_start_is_validated_whole_before_any_job(start, tmp_path, 
 def test_init_pretrain_errors_say_the_start_s_own_error(tmp_path, cache_dir):
     """Issue 54 item 12: the start's job's one-line error (not Hydra's HYDRA_FULL_ERROR pointer, nor a deleted record's
     path); the unquoted list form gets a hint to quote its items, before Hydra's grammar error."""
+    from mlmlab.checks import check_argv
     from mlmlab.init import child_error
-    from mlmlab.train import check_argv
 
     assert child_error("x\nerror: model.norm='a' is not known (record: /tmp/.run1/results.json)\nSet the environment "
                        "variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n") == "model.norm='a' is not known"

@@ -42,7 +42,7 @@ def test_bigram_reference_below_unigram_on_the_builtin_corpus(cfg_factory):
     from mlmlab.data.ngram import UNIGRAM_K, cached_reference, count_ngrams
     from mlmlab.data.tokenizer import PAD
     from mlmlab.masking.replacement import UniformSampler
-    from mlmlab.train import build_masking_plan
+    from mlmlab.pretraining import build_masking_plan
 
     cfg = cfg_factory()
     data = prepared(cfg)

@@ -99,7 +99,7 @@ def test_fixed_mask_loss_split_by_what_the_masks_showed(cfg_factory, tmp_path):
 
     from mlmlab import build_recipe
     from mlmlab.data.tokenizer import MASK
-    from mlmlab.train import build_masking_plan
+    from mlmlab.pretraining import build_masking_plan
 
     base = ("logger=none", "downstream=none", "callbacks.checkpoint=false")
     cfg = cfg_factory(*base, output_dir=tmp_path / "a")
