@@ -271,6 +271,15 @@ def time_to_pay(payloads: dict | list[dict], summary: bool = False, recipes: dic
     return md(rows, head) + f"\n\nEach job pinned to one core with one torch thread ({cpus})."
 
 
+def split_overlap(p: dict) -> str:
+    """``bench_split_overlap.py``: per split, how many examples (of at least ``min_words`` words) occur verbatim inside
+    a training example."""
+    rows = [[name, f"{r['examples']:,}", f"{r['at_least_min_words']:,}", f"{r['inside_train']:,}",
+             "-" if r["share"] is None else f"{100 * r['share']:.1f}%"] for name, r in p["rows"].items()]
+    return md(rows, ["split", "examples", f"with >= {p['min_words']} words", "of those inside a training example",
+                     "share"])
+
+
 def _variant(p: dict) -> str:
     """What a run changed from the ELECTRA defaults (generator 1/4 width, full depth, disc_weight 50)."""
     o = p["objective"]

@@ -538,7 +538,8 @@ def _bench_table(spec: dict, root: Path) -> str:
     line saying where it was measured."""
     bench_dir = root / "benchmarks"
     name = spec["bench"]
-    known = ("masking", "step", "data", "e2e", "time_to_pay", "electra_reference", "matmul", "step_profile")
+    known = ("masking", "step", "data", "e2e", "time_to_pay", "electra_reference", "matmul", "step_profile",
+             "split_overlap")
     if name not in known:
         raise ReportError(f"bench: {name!r} is not known; allowed: {', '.join(known)}")
     mod = load_bench_module(root, "report.py", "mlmlab_bench_report")

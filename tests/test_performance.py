@@ -339,3 +339,21 @@ def test_time_to_drop_reads_each_record_s_validation_curve(tmp_path):
     assert r["reach_bigram"]["step"] == pytest.approx(400 + 200 * (5.0 - 4.75))
     assert r["loss_at_min"]["5"] is None  # the curve ends at 3 minutes
     assert r["tokens"] == 2048 * 600 and r["phase"] == "past the drop"
+
+
+def test_split_overlap_counts_held_out_text_inside_training_text():
+    """benchmarks/bench_split_overlap.py on planted texts: a held-out phrase counts when it occurs, between word
+    boundaries, inside a training text; shorter ones than min_words are left out."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_split_overlap as so
+        import report as bench_report
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    train = ["a truly great and moving film", "the plot is thin"]
+    held = ["truly great and moving", "great and moving film", "the plot is thin", "is thin", "plot is thinner than air"]
+    r = so.overlap(held, train, min_words=4)
+    assert r == {"examples": 5, "at_least_min_words": 4, "inside_train": 3, "share": 0.75}
+    assert so.overlap(["ruly great and moving"], train, 4)["inside_train"] == 0  # word boundaries
+    table = bench_report.split_overlap({"min_words": 4, "rows": {"selection": r}})
+    assert "| selection | 5 | 4 | 3 | 75.0% |" in table
