@@ -634,14 +634,15 @@ def validate_objective(o: DictConfig, model: DictConfig) -> None:
            "allowed: a generator_size that keeps the head size >= 8")
 
 
-def validate_downstream(cfg: DictConfig, objective: str, max_positions: int) -> None:
-    """``downstream.*`` (shared by pretraining jobs and ``mlmlab.finetune``): tasks known and loadable, protocol values."""
+def validate_downstream(cfg: DictConfig, objective: str, max_positions: int, task_key: str | None = None) -> None:
+    """``downstream.*`` (shared by pretraining jobs and ``mlmlab.finetune``): tasks known and loadable, protocol values.
+    ``task_key``: the key the user gave the one task under (``mlmlab.finetune task=``), named in its errors."""
     from mlmlab.data.tasks import TaskSource, task_registry
 
     ds = cfg.downstream
     tasks, src = task_registry(ds.task_dirs), TaskSource.of(cfg.paths, cfg.data, ds)
     for i, name in enumerate(ds.tasks):
-        _check_choice(f"downstream.tasks[{i}]", name, sorted(tasks))
+        _check_choice(task_key or f"downstream.tasks[{i}]", name, sorted(tasks))
         tasks[name].check_available(src)
     _check(len(ds.tasks) == 0 or len(ds.seeds) >= 1, "downstream.seeds must list at least one seed when tasks are set")
     from mlmlab.zeroshot import PLL_VARIANTS

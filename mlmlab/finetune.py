@@ -33,7 +33,8 @@ def prepare(cfg: DictConfig, loaded: dict) -> None:
             cfg.downstream.tasks = [cfg.task]
     if not cfg.downstream.tasks:
         raise ConfigError("no task to fine-tune on: give task=<name> or downstream.tasks=[...]")
-    validate_downstream(cfg, info["objective"], info["encoder_config"]["max_position_embeddings"])
+    validate_downstream(cfg, info["objective"], info["encoder_config"]["max_position_embeddings"],
+                        task_key="task" if cfg.task is not None else None)
 
 
 def finetune(cfg: DictConfig) -> dict[str, float]:

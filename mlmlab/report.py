@@ -625,6 +625,20 @@ def untracked_tables(root: Path) -> list[str]:
     return out
 
 
+START = re.compile(r"<!-- table: (?P<name>[\w.-]+) -->")
+
+
+def _unclosed_block(text: str) -> tuple[str, int] | None:
+    """The first ``<!-- table: name -->`` with no ``<!-- /table -->`` before the next start marker or the end of the
+    file: (name, line), or None."""
+    starts = list(START.finditer(text))
+    for i, m in enumerate(starts):
+        end = starts[i + 1].start() if i + 1 < len(starts) else len(text)
+        if "<!-- /table -->" not in text[m.end():end]:
+            return m.group("name"), text.count("\n", 0, m.start()) + 1
+    return None
+
+
 def update(root: Path, check: bool = False) -> list[str]:
     """Rewrite (or, with ``check``, compare) every generated block; returns the ``file: block`` names that changed
     (or differ), and with ``check`` every table typed by hand (:func:`untracked_tables`). A block whose name has no
@@ -636,6 +650,10 @@ def update(root: Path, check: bool = False) -> list[str]:
     files = sorted({p for pat in DOCS for p in root.glob(pat)})
     for path in files:
         text, rel = path.read_text(), path.relative_to(root)
+        unclosed = _unclosed_block(text)
+        if unclosed:
+            raise ReportError(f"{rel}:{unclosed[1]}: block {unclosed[0]!r} has no end marker <!-- /table --> before "
+                              "the next block or the end of the file")
 
         def sub(m: re.Match, rel: Path = rel) -> str:
             name = m.group("name")

@@ -61,3 +61,23 @@ def test_a_job_folder_whose_name_holds_an_equals_sign_is_the_source(tmp_path):
     with pytest.raises(UsageError, match=r"unknown key '.*/gone/mask.rate' \(a path\? '.*' does not exist; give it as "
                                          r"source=<path>\)"):
         parse([str(tmp_path / "gone" / "mask.rate=0.15")], OPTS, "prog", positional="source")
+
+
+def test_finetune_names_task_and_an_unset_data_dir(tmp_path, cache_dir, monkeypatch):
+    """Issue 54 item 15: mlmlab.finetune task=<bad> names task= (not downstream.tasks[0]); a task that needs local
+    files, with no data dir set and the hub unreachable, says MLMLAB_DATA_DIR is unset."""
+    from mlmlab.config import ConfigError
+    from mlmlab.data.tasks import TaskSource, task_registry
+
+    monkeypatch.delenv("MLMLAB_DATA_DIR", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(ConfigError, match=r"point MLMLAB_DATA_DIR \(or paths.data_dir\) at the data dir \(neither is set\)"):
+        task_registry(None)["rte"].load(TaskSource(None))
+    from conftest import make_cfg
+
+    from mlmlab.config import validate_downstream
+
+    cfg = make_cfg(["debug=fast", "downstream.tasks=[sst9]"], tmp_path / "r", cache_dir)
+    with pytest.raises(ConfigError, match=r"^task='sst9' is not known; allowed: "):
+        validate_downstream(cfg, "mlm", 128, task_key="task")

@@ -67,6 +67,16 @@ def test_a_hand_edited_number_fails_the_check(repo: Path):
     assert "4.20" in path.read_text()  # check mode writes nothing
 
 
+def test_a_deleted_end_marker_is_named_with_its_block_and_line(repo: Path):
+    """Issue 54 item 15: not blamed on tables.yaml or on another block."""
+    path = repo / "README.md"
+    text = path.read_text()
+    path.write_text(text.replace("<!-- /table -->", "", 1))
+    line = text[: text.index("<!-- table: ")].count("\n") + 1
+    with pytest.raises(report.ReportError, match=rf"README.md:{line}: block 't1' has no end marker <!-- /table -->"):
+        report.update(repo, check=True)
+
+
 def test_bad_specs_are_named(repo: Path, capsys):
     path = repo / "README.md"
     path.write_text(path.read_text() + "<!-- table: nope -->\nx\n<!-- /table -->\n")

@@ -89,7 +89,7 @@ class TaskSpec:
         source = f"local:{folder}" if local else f"hub:{self.hub[0]}" + (f"/{self.hub[1]}" if self.hub[1] else "")
         if self.kind == "minimal_pairs":
             return {"pairs": self._pairs(folder if local else None), "label_names": [], "source": source}
-        raw = {s: read_jsonl(folder / f"{s}.jsonl") if local else _hub_split(self, s) for s in self.splits}
+        raw = {s: read_jsonl(folder / f"{s}.jsonl") if local else _hub_split(self, s, src.data_dir) for s in self.splits}
         out = self.convert(raw)
         out["source"] = source
         return out
@@ -228,16 +228,18 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def _hub_split(spec: TaskSpec, split: str) -> list[dict]:
+def _hub_split(spec: TaskSpec, split: str, data_dir: str | None = None) -> list[dict]:
     from mlmlab.data.hub import load_dataset
 
     path, name = spec.hub
     try:
         ds = load_dataset(path, name, split=spec.hub_splits.get(split, split))
     except Exception as e:
+        where = (f"{data_dir}/{spec.local or spec.name}/" if data_dir else
+                 f"<data dir>/{spec.local or spec.name}/ and point MLMLAB_DATA_DIR (or paths.data_dir) at the data dir "
+                 "(neither is set)")
         raise ConfigError(f"task {spec.name}: could not load {path}{'/' + name if name else ''} split {split} from "
-                          f"the hub ({type(e).__name__}: {e}); for offline work put local files under "
-                          f"<data dir>/{spec.local or spec.name}/") from e
+                          f"the hub ({type(e).__name__}: {e}); for offline work put local files under {where}") from e
     feats = ds.features.get(spec.label_column)
     names = getattr(feats, "names", None) or getattr(getattr(feats, "feature", None), "names", None)
     rows = ds.to_list()
