@@ -21,6 +21,11 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from mlmlab.data.cache import plain  # noqa: F401  (re-exported: a group as a plain dict; the cache keys use it)
+from mlmlab.data.schema import (  # data.*, tokenizer.*, paths.*: beside the data code
+    DataConfig,
+    PathsConfig,
+    TokenizerConfig,
+)
 from mlmlab.errors import ConfigError  # noqa: F401  (re-exported: mlmlab.config.ConfigError)
 from mlmlab.init import InitConfig  # init.*: its owner, beside the loader
 from mlmlab.masking.config import MaskConfig, ReplaceConfig, check_rate  # mask.*: its owner, beside the masker
@@ -39,51 +44,6 @@ WANDB_MODES = ("offline", "online", "disabled")
 POOLINGS = ("auto", "mean", "cls", "last")
 
 
-
-
-@dataclass
-class DataConfig:
-    name: str = "builtin"
-    # text_files: a .txt file or a directory of .txt files; one document per line or blank-line separated
-    path: str | None = None
-    val_path: str | None = None  # text_files: held-out documents; default: the last val_fraction of documents
-    # a mixture instead of one path: [{path, val_path (optional), weight}], interleaved with probabilities
-    # proportional to the weights (datasets.interleave_datasets, all sources used up: small ones are repeated)
-    mix: list[dict[str, Any]] = field(default_factory=list)
-    mix_seed: int = 0
-    val_fraction: float = 0.02
-    doc_sep: str = "line"
-    max_seq_len: int = 64
-    # builtin: the generated language (see mlmlab/data/builtin.py)
-    n_docs: int = 30000
-    n_val_docs: int = 1000
-    n_topics: int = 8
-    corpus_seed: int = 0
-    # the hub (datasets.load_dataset(hub, hub_name, split=...)): source=auto uses it when data.path is unset or not on
-    # this machine, source=local never, source=hub always
-    source: str = "auto"
-    hub: str | None = None
-    hub_name: str | None = None
-    hub_split: str = "train"
-    hub_val_split: str | None = None  # null: the last val_fraction of hub_split
-    text_column: str = "text"
-    strip_html: bool = False  # remove HTML tags (<br />) and decode entities in every document (scraped reviews)
-    # tokenization: datasets.map(batched=True, num_proc=num_proc), cached by config hash under paths.cache_dir
-    num_proc: int = 1
-    # loading
-    batch_size: int = 32
-    val_batch_size: int = 128
-    max_val_blocks: int = 1024
-    num_workers: int = 0
-
-
-@dataclass
-class TokenizerConfig:
-    name: str = "wordpiece"
-    vocab_size: int = 2048
-    lowercase: bool = True
-    min_frequency: int = 2
-    word_segmenter: str = "none"  # none | jieba (Chinese word boundaries for whole-word masking)
 
 
 def _model_schema():
@@ -400,13 +360,6 @@ def check_score_split(value) -> None:
 @dataclass
 class CallbacksConfig:
     checkpoint: bool = True  # save <output_dir>/checkpoints/last.ckpt after pretraining
-
-
-@dataclass
-class PathsConfig:
-    output_dir: str = MISSING
-    cache_dir: str = "~/.cache/mlmlab"
-    data_dir: str | None = None  # ../shared/data-style folder (env MLMLAB_DATA_DIR)
 
 
 @dataclass

@@ -37,7 +37,7 @@ from mlmlab.data.tokenizer import (
 from mlmlab.errors import ConfigError
 
 if TYPE_CHECKING:
-    from mlmlab.config import DataConfig, TokenizerConfig
+    from mlmlab.data.schema import DataConfig, TokenizerConfig
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from mlmlab.errors import ConfigError
 from mlmlab.masking.replacement import SamplerContext
 
 if TYPE_CHECKING:
-    from mlmlab.config import DataConfig, PathsConfig, TokenizerConfig
+    from mlmlab.data.schema import DataConfig, PathsConfig, TokenizerConfig
 
 COUNTS_VERSION = 1
 
