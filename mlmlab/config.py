@@ -661,14 +661,13 @@ def validate_analysis(a) -> None:
         raise ConfigError(str(e)) from None
 
 
-def validate_declared_metrics(cfg) -> None:
+def validate_declared_metrics(a, ds, objective: str) -> None:
     """A declared metric (``analysis.primary``, ``analysis.family``) that names a task must name one the job
     fine-tunes, at a label budget it runs (``downstream/<task>@<N>/<name>``), and a ``val/mlm_loss_*`` metric needs an
-    objective that logs it: known here, before any job of a sweep runs, not after its first round."""
-    a = cfg.get("analysis")
+    objective that logs it: known here, before any job of a sweep runs, not after its first round. ``a``: the
+    ``analysis`` group, ``ds``: ``downstream``."""
     if a is None or not a.get("primary"):
         return
-    ds, objective = cfg.downstream, cfg.objective.name
     tasks = list(ds.tasks or [])
     mte = ds.max_train_examples
     budgets = [int(x) for x in mte] if isinstance(mte, (list, tuple, ListConfig)) else ([int(mte)] if mte else [])
@@ -708,7 +707,7 @@ def validate(cfg: DictConfig) -> None:
 
                 find_data_path(str(sel.get(key)), cfg.paths.get("data_dir"), f"mask.select.{key}")
     validate_analysis(cfg.get("analysis"))
-    validate_declared_metrics(cfg)
+    validate_declared_metrics(cfg.get("analysis"), cfg.downstream, cfg.objective.name)
     sampler = cfg.mask.sampler
     for key in ("word_list", "corpus", "reference"):  # the domain sampler's files: found now, not after tokenizing
         if isinstance(sampler, DictConfig) and sampler.get(key) is not None:
@@ -840,7 +839,7 @@ def validate(cfg: DictConfig) -> None:
     for k in ("tokens", "flops", "seconds"):
         v = b[k]
         _check(v is None or (v > 0 and math.isfinite(v)), f"trainer.budget.{k}={v} must be > 0 or null")
-    _check_budget_size(cfg)
+    _check_budget_size(cfg.trainer, cfg.data, cfg.model, cfg.objective, cfg.tokenizer)
     validate_reliability(cfg)
 
     validate_downstream(cfg, cfg.objective.name, m.max_position_embeddings)
@@ -851,23 +850,22 @@ def validate(cfg: DictConfig) -> None:
         _check(fs is not None and 0 < fs <= 60, f"logger.wandb.flush_seconds={fs} must be in (0, 60]")
 
 
-def _check_budget_size(cfg) -> None:
+def _check_budget_size(t, d, m, objective, tokenizer) -> None:
     """A budget that plans more than ``MAX_PLANNED_STEPS`` steps is refused before any data work: the steps of a token
     budget are exact here; those of a FLOP budget are at least the budget over the step's FLOPs with every position
     predicted and ``tokenizer.vocab_size`` (mlmlab.flops: the real step, sparser and with the built vocabulary, costs
     no more, so the run would take at least these steps)."""
     from mlmlab.flops import MAX_PLANNED_STEPS, electra_step_flops, mlm_step_flops, world_size
 
-    t, d, m = cfg.trainer, cfg.data, cfg.model
     b = t.budget
     batch = d.batch_size * t.accumulate_grad_batches * world_size(t)
     what, steps = f"trainer.max_steps={t.max_steps}", t.max_steps
     if b.tokens is not None:
         what, steps = f"trainer.budget.tokens={b.tokens:g}", b.tokens / (batch * d.max_seq_len)
     elif b.flops is not None:
-        vocab = cfg.tokenizer.vocab_size
-        per_step = (electra_step_flops(m, cfg.objective, vocab, batch, d.max_seq_len, 1.0, 1.0)
-                    if cfg.objective.name == "electra" else mlm_step_flops(m, vocab, batch, d.max_seq_len, 1.0))
+        vocab = tokenizer.vocab_size
+        per_step = (electra_step_flops(m, objective, vocab, batch, d.max_seq_len, 1.0, 1.0)
+                    if objective.name == "electra" else mlm_step_flops(m, vocab, batch, d.max_seq_len, 1.0))
         what, steps = f"trainer.budget.flops={b.flops:g}", b.flops / per_step
     elif b.seconds is not None:
         return  # the calibration counts the steps that fill the seconds

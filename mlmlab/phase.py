@@ -159,9 +159,9 @@ def recompute_reference(config: dict, data_dir: str | None = None, cache_dir: st
 
     from mlmlab.build import eval_masks
     from mlmlab.config import EvalConfig, eval_units
-    from mlmlab.data.schema import DataConfig, TokenizerConfig
     from mlmlab.data.corpus import get_blocks
     from mlmlab.data.ngram import cached_reference
+    from mlmlab.data.schema import DataConfig, TokenizerConfig
     from mlmlab.data.vocab_stats import make_sampler_context
     from mlmlab.masking.replacement import UniformSampler
 

@@ -27,6 +27,7 @@ def test_unk_share_of_a_task_s_inputs(caplog):
     assert unk_fraction([{"input_ids": [CLS, 5, 6, SEP]}]) == 0.0 and 0 < UNK_WARN < 0.1
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_a_job_records_the_unk_share_and_warns_above_the_threshold(cfg_factory, tmp_path, caplog, monkeypatch):
     """Every fine-tuned task records its training inputs' [UNK] share; above UNK_WARN the job warns (WordPiece falls
     back to characters on the built-in corpus, so the threshold is lowered here to see the warning)."""

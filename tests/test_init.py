@@ -134,6 +134,7 @@ def test_init_pretrain_makes_the_start_once(tmp_path, cache_dir):
         train(make_cfg([*FAST, "init.pretrain=[nokey]", "logger=none"], tmp_path / "bad", cache_dir))
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_a_grid_with_a_start_is_validated_whole_before_any_job(start, tmp_path, cache_dir):
     """Issue 54 item 11: a model.* arm that contradicts init.checkpoint, and a bad init.pretrain override, are refused
     when the grid is validated -- no arm has trained, no start has been built."""
@@ -152,6 +153,7 @@ def test_a_grid_with_a_start_is_validated_whole_before_any_job(start, tmp_path, 
     assert not list((tmp_path / "b").rglob("results.json"))
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_init_pretrain_errors_say_the_start_s_own_error(tmp_path, cache_dir):
     """Issue 54 item 12: the start's job's one-line error (not Hydra's HYDRA_FULL_ERROR pointer, nor a deleted record's
     path); the unquoted list form gets a hint to quote its items, before Hydra's grammar error."""

@@ -43,7 +43,9 @@ WHOLE_CONFIG = {
     "finetune": {"prepare", "finetune", "_body", "main"},
     "job": {"completed_metrics", "set_job_threads", "_safe_container", "__init__", "wrapper"},
     "masking.masker": {"__init__", "from_config"},  # there ``cfg`` is the mask group (MaskConfig), not the job's
-    "train": {"train", "check_job", "_run", "main", "init_start"},  # init_start: adopts the start, validates again
+    "checks": {"check_job"},  # what only the command line shows, then validate
+    "sweep": {"check_start"},  # a grid's job: its start checked as the job will check it
+    "train": {"train", "_run", "main", "init_start"},  # init_start: adopts the start, validates again
 }
 
 

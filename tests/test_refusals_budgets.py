@@ -25,6 +25,7 @@ def test_an_absurd_budget_is_refused_at_validation(cfg_factory, overrides, messa
     validate(cfg_factory("trainer.budget.flops=1e13"))  # a real budget passes
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_max_steps_beside_a_budget_on_the_command_line_is_refused_before_data(tmp_path, cache_dir):
     p = run_cli(["debug=fast", "logger=none", "trainer.budget.seconds=30", "trainer.max_steps=10",
                  f"hydra.run.dir={tmp_path / 'run'}"], cache_dir, full_error=False)
