@@ -62,6 +62,7 @@ def test_a_job_started_from_a_checkpoint_is_that_encoder(start, source, tmp_path
             pre["train/steps"], pre["train/steps"], "ok")
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_a_start_that_is_not_what_it_seems_is_refused_or_says_so(start, tmp_path, cache_dir):
     """Issue 54 item 6: the checkpoint of a failed run is refused (resume it first); objective=none from a start
     without an MLM head records no fixed-mask loss (a random head's loss is not the start's)."""
