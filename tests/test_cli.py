@@ -27,6 +27,7 @@ def test_single_run_from_the_cli(tmp_path, cache_dir):
     assert (out / ".hydra" / "config.yaml").exists()
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_multirun_two_jobs(tmp_path, cache_dir):
     sweep = tmp_path / "sweep"
     p = run_cli(["-m", "debug=fast", "mask.rate=0.1,0.3", "downstream.tasks=[builtin_sentiment]",
@@ -46,6 +47,7 @@ def test_multirun_two_jobs(tmp_path, cache_dir):
     assert len(groups) == 1 and groups.pop().startswith("sweep_")  # one W&B group per sweep
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_failing_job_does_not_stop_the_sweep(tmp_path, cache_dir):
     sweep = tmp_path / "sweep"
     # a job that passes validation and fails while training (lr 1e30: a NaN loss at step 2)

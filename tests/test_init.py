@@ -121,6 +121,7 @@ def test_bad_starts_are_one_line_errors_before_data_work(start, tmp_path, cache_
         assert "Traceback" not in p.stderr and not (tmp_path / "x" / "checkpoints").exists()
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_init_pretrain_makes_the_start_once(tmp_path, cache_dir):
     over = "init.pretrain=['debug=fast','trainer.max_steps=6','seed=3']"
     out = []

@@ -341,6 +341,7 @@ def _rtd_run(cfg_factory, tmp_path, monkeypatch, cut: str | None) -> dict:
 
 @pytest.mark.parametrize("cut", [None, pytest.param("encoder", marks=pytest.mark.slow),
                                  pytest.param("all", marks=pytest.mark.slow)])
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_discriminator_beats_the_base_rate_at_temperature_1(cut, cfg_factory, tmp_path, monkeypatch):
     """The discriminator's validation BCE on the generator's own (temperature-1) samples falls below the entropy of
     the base rate (what always answering "replaced with probability p" scores) and it finds some replaced tokens;

@@ -121,6 +121,7 @@ while True:
 """
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_sigkill_during_results_write_never_leaves_a_truncated_record(tmp_path):
     """10 writers of a 4 MB record, each SIGKILLed at a random moment of its write loop: results.json is always
     absent or complete (temp file + os.replace), never a truncated file."""
@@ -362,6 +363,7 @@ def test_a_ddp_rank_above_zero_keeps_its_record_beside_rank_zeros(cfg_factory, m
     assert not (out / ".running.json").exists()  # cleared when the job failed, too
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_multirun_with_a_crashing_job_finishes_the_others_and_says_why(tmp_path, cache_dir):
     sweep = tmp_path / "sweep"
     # a job that passes validation (the grid is validated whole first) and crashes while training: lr 1e30 -> NaN

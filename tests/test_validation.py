@@ -154,6 +154,7 @@ def test_job_threads_split_the_cores(setting, jobs, cores, threads, warns):
         assert f"on {cores} cores" in warning and f"{jobs} parallel jobs x {threads} threads" in warning
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_downstream_none_under_a_preset_that_sets_tasks_is_an_error(tmp_path, cache_dir):
     """`experiment=real_en downstream=none` would still fine-tune (the preset's downstream.tasks merge after the group
     choice): a clear error before any data work, naming the key and what to write instead."""
