@@ -54,7 +54,7 @@ def test_finetune_a_checkpoint_reproduces_the_jobs_own_downstream(obj, pretraine
 def test_finetune_task_shorthand_and_bad_input(pretrained, tmp_path, cache_dir):
     ckpt = pretrained["mlm"] / "checkpoints" / "last.ckpt"
     p = run_module("mlmlab.finetune", [f"checkpoint={ckpt}", "task=nope", f"hydra.run.dir={tmp_path / 'a'}"], cache_dir)
-    assert p.returncode != 0 and "downstream.tasks[0]='nope' is not known" in p.stderr
+    assert p.returncode != 0 and "task='nope' is not known" in p.stderr  # the key the user gave (issue 54 item 15)
     p = run_module("mlmlab.finetune", [f"checkpoint={tmp_path}/missing.ckpt", "task=builtin_topic",
                                        f"hydra.run.dir={tmp_path / 'b'}"], cache_dir)
     assert p.returncode != 0 and "missing.ckpt' does not exist" in p.stderr
