@@ -346,6 +346,7 @@ def test_cli_compares_every_metric_asked_each_named_with_holm_and_verdict(capsys
     assert rc == 0 and pd.read_csv(csv.with_suffix(".compare.csv"))["verdict"].tolist() == ["0.4 better"]
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_plan_prints_the_seeds_a_pilot_says_a_question_needs(capsys):
     from mlmlab import stats
 

@@ -32,7 +32,7 @@ def pretrained(tmp_path_factory, cache_dir):
     return runs
 
 
-@pytest.mark.parametrize("obj", ["mlm", "electra"])
+@pytest.mark.parametrize("obj", ["mlm", pytest.param("electra", marks=pytest.mark.slow)])  # electra: in -m slow (suite time)
 def test_finetune_a_checkpoint_reproduces_the_jobs_own_downstream(obj, pretrained, tmp_path, cache_dir):
     pre = pretrained[obj]
     out = tmp_path / "ft"

@@ -73,6 +73,7 @@ def test_sigkill_mid_epoch_then_resume_is_bitwise_exact(uninterrupted, cache_dir
     assert r["metrics"]["val/mlm_loss_r15"] == ref["metrics"]["val/mlm_loss_r15"]
 
 
+@pytest.mark.slow  # in `pytest -m slow` (CI runs it): keeps the default suite under 6 minutes
 def test_sigterm_checkpoints_then_resume_is_bitwise_exact(uninterrupted, cache_dir, tmp_path):
     """No periodic checkpoints: SIGTERM (preemption) after step 9 -- the end of epoch 0 -- saves one, the job exits
     non-zero with a failed record saying how to resume, and resuming ends where the uninterrupted run ends."""
