@@ -60,7 +60,9 @@ SHARED_COUNTS = {"sst2": {"train": 67349, "validation": 872}, "rte": {"train": 2
                  "chnsenticorp": {"train": 6212, "validation": 776, "test": 777},
                  "financial_phrasebank": {"train": 3868, "validation": 483, "test": 485},
                  "medical": {"train": 2125, "validation": 265, "test": 267},
-                 "conll2003": {"train": 14041, "validation": 3250, "test": 3453}}
+                 "conll2003": {"train": 14041, "validation": 3250, "test": 3453},
+                 "bc5cdr": {"train": 4560, "validation": 4581, "test": 4797},
+                 "ncbi_disease": {"train": 5424, "validation": 923, "test": 940}}
 
 
 @pytest.mark.parametrize("name", sorted(SHARED_COUNTS))
@@ -78,6 +80,10 @@ def test_shared_data_tasks_load(name, cfg_factory):
         assert data["label_names"] == ["negative", "neutral", "positive"]
     if name == "medical":
         assert len(data["label_names"]) == 5
+    if name == "bc5cdr":
+        assert data["label_names"] == ["B-Chemical", "B-Disease", "I-Chemical", "I-Disease", "O"]
+    if name == "ncbi_disease":
+        assert data["label_names"] == ["B-Disease", "I-Disease", "O"]
 
 
 def test_classification_metrics_by_hand():
@@ -238,6 +244,36 @@ def test_real_task_formats_end_to_end(cfg_factory, tmp_path):
     assert rec["conll2003"]["reported_split"] == "test" and rec["conll2003"]["selection_split"] == "validation"
     assert rec["imdb"]["selection_split"] == "train (held out)" and set(rec["imdb"]["grid"]) == {"0.0001", "0.001"}
     assert rec["imdb"]["source"] == f"local:{tmp_path / 'imdb/cls'}" and rec["imdb"]["label_names"] == ["neg", "pos"]
+
+
+@pytest.mark.parametrize("name,folder", [("bc5cdr", "medical/ner_bc5cdr"), ("ncbi_disease", "medical/ner_ncbi_disease")])
+def test_biomedical_ner_needs_its_folder_before_any_work(name, folder, cfg_factory, tmp_path):
+    """Issue 55: without the task's local files a job stops with one line naming the folder and the data dir keys,
+    before building a tokenizer or training (the failure record only: no checkpoint)."""
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match=rf"^task {name} needs local files in {tmp_path / folder} .*MLMLAB_DATA_DIR"):
+        train(cfg_factory(f"paths.data_dir={tmp_path}", f"downstream.tasks=[{name}]", *QUICK, output_dir=out))
+    assert json.loads((out / "results.json").read_text())["status"] == "failed" and not (out / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_biomedical_ner_fine_tunes_from_a_fixture(cfg_factory, tmp_path):
+    """BC5CDR's two entity types (IOB2) through a tiny job: entity F1 against random init, label names in the record."""
+    folder = tmp_path / TASKS["bc5cdr"].local
+    folder.mkdir(parents=True)
+    words = "aspirin induced renal failure in rats treated with cisplatin".split()
+    tags = ["B-Chemical", "O", "B-Disease", "I-Disease", "O", "O", "O", "O", "B-Chemical"]
+    for split in ("train", "validation", "test"):
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps({"tokens": words[i % 3:], "ner_tags": tags[i % 3:]})
+                                                       + "\n" for i in range(30)))
+    out = tmp_path / "run"
+    m = train(cfg_factory(f"paths.data_dir={tmp_path}", "downstream.tasks=[bc5cdr]", *QUICK, "downstream.seeds=[0]",
+                          "downstream.finetune.lr=[1e-3]", "downstream.finetune.epochs=1", "downstream.random_init_baseline=true",
+                          "downstream.finetune.max_seq_len=16", "downstream.finetune.stride=4", output_dir=out))
+    assert 0.0 <= m["downstream/bc5cdr/entity_f1"] <= 1.0 and "gain/bc5cdr/entity_f1" in m
+    rec = json.loads((out / "results.json").read_text())["downstream"]["bc5cdr"]
+    assert rec["label_names"] == ["B-Chemical", "B-Disease", "I-Disease", "O"]  # the sorted tags of train
+    assert rec["reported_split"] == "test" and rec["source"] == f"local:{folder}"
 
 
 def test_bad_task_data_is_reported_before_training(cfg_factory, tmp_path):
