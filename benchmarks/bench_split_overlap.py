@@ -1,10 +1,11 @@
 """How much of a task's held-out selection split occurs verbatim in the text it is trained on.
 
-``downstream.score_split=selection`` scores a part held out of train (``mlmlab.data.tasks.hold_out``: a seeded random
-tenth). For a task whose training set holds pieces of the same texts -- SST-2's training set is the treebank's phrases,
-many of them parts of one sentence -- the held-out part then shares its text with the rest. This counts, over every
-held-out example with at least ``--min-words`` words, how many occur verbatim inside a training example, and the same
-for the task's reported split (GLUE dev for SST-2).
+``downstream.score_split=selection`` scores a part held out of train (``mlmlab.data.tasks.hold_out``). A seeded random
+tenth, for a task whose training set holds pieces of the same texts -- SST-2's training set is the treebank's phrases,
+many of them parts of one sentence -- shares its text with the rest; a task declaring ``phrases: true`` (SST-2) is held
+out by sentence instead (``hold_out_sentences``). This counts, over every held-out example with at least
+``--min-words`` words, how many occur verbatim inside a training example, for both ways of holding out and for the
+task's reported split (GLUE dev for SST-2).
 
     python benchmarks/bench_split_overlap.py --task sst2          # needs ../shared/data (MLMLAB_DATA_DIR)
 """
@@ -38,7 +39,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     sys.path.insert(0, str(REPO_ROOT))
     from mlmlab.config import DownstreamConfig
-    from mlmlab.data.tasks import hold_out
+    from mlmlab.data.tasks import hold_out, hold_out_sentences
 
     root = Path(a.data_dir) / a.task
     read = lambda f: [json.loads(x) for x in (root / f).read_text().splitlines() if x.strip()]  # noqa: E731
@@ -46,8 +47,10 @@ def main(argv=None) -> int:
     train_rows, reported = read("train.jsonl"), read("validation.jsonl")
     frac = DownstreamConfig().val_fraction
     train, held = hold_out(train_rows, frac)
-    text = lambda rows: [str(r[key]).strip() for r in rows]  # noqa: E731
-    rows = {"selection (held out of train)": overlap(text(held), text(train), a.min_words),
+    by_sentence = hold_out_sentences([{"text": r[key]} for r in train_rows], frac)
+    text = lambda rows: [" ".join(str(r.get(key, r.get("text"))).split()) for r in rows]  # noqa: E731
+    rows = {"selection (a random tenth of train)": overlap(text(held), text(train), a.min_words),
+            "selection (held out by sentence)": overlap(text(by_sentence[1]), text(by_sentence[0]), a.min_words),
             "reported (validation.jsonl)": overlap(text(reported), text(train), a.min_words)}
     payload = {"machine": machine(), "versions": versions(), "task": a.task, "min_words": a.min_words,
                "val_fraction": frac, "rows": rows}

@@ -97,3 +97,51 @@ def test_a_cached_random_init_row_is_never_reused_across_score_splits(cfg_factor
     row()
     assert row("downstream.score_split=reported")[2] is not None and len(calls) == 1  # the default: the same row
     assert row("downstream.score_split=selection")[2] is None and len(calls) == 2  # a screen's row is its own
+
+
+def phrases_of(sentence: str) -> list[str]:
+    """Every run of consecutive words: the phrases a treebank split like SST-2's train holds for one sentence."""
+    w = sentence.split()
+    return [" ".join(w[a:b]) for a in range(len(w)) for b in range(a + 1, len(w) + 1)]
+
+
+def inside(text: str, other: str) -> bool:
+    return f" {text} " in f" {other} "
+
+
+def test_a_phrase_task_is_held_out_by_sentence():
+    """SST-2 (phrases: true): the selection split is whole sentences; no held-out sentence occurs inside a training
+    example; a phrase stays in train when a training sentence holds it and leaves when only held-out ones do."""
+    sentences = [f"the film {adj} and the plot {i} is thin" for i, adj in enumerate(["shines", "drags", "works",
+                                                                                  "bores", "soars", "sags"])]
+    sentences += ["a quiet and moving story", "moving story"]  # the second is a phrase of the first, not a sentence
+    rows = [{"text": p, "label": k % 2} for k, p in enumerate(dict.fromkeys(q for s in sentences for q in phrases_of(s)))]
+    rows.append(dict(rows[0]))  # a duplicate phrase
+    train, held = hold_out(rows, 0.34, phrases=True)
+    roots = [s for s in sentences if s != "moving story"]
+    assert len(held) == round(0.34 * len(roots)) and all(r["text"] in roots for r in held)
+    assert not any(inside(h["text"], t["text"]) for h in held for t in train)  # no held-out text is trained on
+    kept_roots = [s for s in roots if s not in {h["text"] for h in held}]
+    assert {t["text"] for t in train} == {p for s in kept_roots for p in phrases_of(s)}  # every phrase of a kept one
+    assert "the film" in {t["text"] for t in train}  # shared by every sentence: stays
+    again = hold_out(list(rows), 0.34, phrases=True)  # seeded: the same split from an equal list
+    assert [r["text"] for r in again[1]] == [r["text"] for r in held]
+    rest, part = hold_out(rows, 0.34)  # without phrases: a random part, which shares its text with the rest
+    assert any(inside(h["text"], t["text"]) for h in part for t in rest)
+
+
+@pytest.mark.slow
+def test_sst2_selection_split_holds_whole_sentences_unseen_in_training(cfg_factory):
+    """On the real SST-2 (../shared/data): about a tenth of its ~6,900 sentences held out, none of them (nor any
+    held-out example of >= 4 words) inside a training phrase; GLUE dev's 872 sentences are comparable in number."""
+    from conftest import SHARED
+
+    spec = TASKS["sst2"]
+    if not (SHARED / spec.local).is_dir():
+        pytest.skip(f"{SHARED / spec.local} is not here")
+    c = cfg_factory(f"paths.data_dir={SHARED}")
+    data = spec.load(TaskSource.of(c.paths, c.data, c.downstream))
+    train, held = hold_out(data["train"], c.downstream.val_fraction, phrases=True)
+    assert spec.phrases and 600 <= len(held) <= 800 and 55_000 <= len(train) <= 66_000
+    corpus = "\n".join(f" {r['text']} " for r in train)
+    assert not any(f" {r['text']} " in corpus for r in held if len(r["text"].split()) >= 4)

@@ -382,6 +382,7 @@ def test_a_task_of_your_own_from_a_yaml_file(cfg_factory, tmp_path):
     ("kind: single\ncolumns: [a]\n", "set local .* or hub"),
     ("kind: single\ncolumns: [a]\nlocal: x\nsplits: [train]\n", r"splits=\[.train.\] must hold train and at least"),
     ("columns: [a]\nlocal: x\n", "kind is required"),
+    ("kind: pair\ncolumns: [a, b]\nlocal: x\nphrases: true\n", "phrases=True must be true or false, and true only for"),
 ])
 def test_bad_task_files_name_the_file_and_key(text, message, cfg_factory, tmp_path):
     (tmp_path / "bad.yaml").write_text(text)

@@ -102,7 +102,7 @@ def check_label_budgets(p: Protocol) -> None:
         have = len(data["train"])
         held = p.ds.score_split == "selection" or selection_from_train(f, data)
         if held:
-            have -= max(1, int(round(p.ds.val_fraction * have)))
+            have = len(hold_out(data["train"], p.ds.val_fraction, spec.phrases)[0])
         if n > have:
             raise ConfigError(f"downstream.max_train_examples: {n} for task {spec.name} is more than its {have} "
                               f"training examples" + (" (after the selection split held out of train)"
@@ -125,7 +125,7 @@ def run_task(p: Protocol, tok, spec: TaskSpec, encoder_cfg: dict, encoder_state:
     records = {"train": data["train"], "test": data[reported]}
     from_train = False
     if ds.score_split == "selection":  # a screen: score the selection split (held out of train), never the reported
-        records["train"], records["test"] = hold_out(data["train"], ds.val_fraction)
+        records["train"], records["test"] = hold_out(data["train"], ds.val_fraction, spec.phrases)
         reported, from_train = "selection", True
         if selection:  # an lr grid / early stopping selects on the same held-out part: all of the job is selection
             records["validation"] = records["test"]
@@ -133,7 +133,7 @@ def run_task(p: Protocol, tok, spec: TaskSpec, encoder_cfg: dict, encoder_state:
         if has_test and "validation" in data:
             records["validation"] = data["validation"]
         else:
-            records["train"], records["validation"] = hold_out(data["train"], ds.val_fraction)
+            records["train"], records["validation"] = hold_out(data["train"], ds.val_fraction, spec.phrases)
             from_train = True
     if budget is not None:
         records["train"] = records["train"][:budget]
@@ -192,7 +192,9 @@ def run_task(p: Protocol, tok, spec: TaskSpec, encoder_cfg: dict, encoder_state:
     report.setdefault("predictions", {}).update(
         split=reported, lr=best_lr, seeds={str(sd): preds[best_lr][sd] for sd in ds.seeds})
     report.update({"best_lr": best_lr, "lrs": lrs,
-                   "selection_split": None if not selection else ("train (held out)" if from_train else "validation"),
+                   "selection_split": None if not selection else (
+                       ("train (held out by sentence)" if spec.phrases else "train (held out)") if from_train
+                       else "validation"),
                    "grid": {str(lr): {str(s): {names_of[k]: v for k, v in r.items()} for s, r in by_seed.items()}
                             for lr, by_seed in grid.items()}})
     return metrics, report
