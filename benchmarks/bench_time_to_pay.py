@@ -56,6 +56,8 @@ def parse_args(argv=None):
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="pretraining seeds")
     p.add_argument("--labels", nargs="+", type=int, default=[500, 4000], help="label budgets (training examples)")
     p.add_argument("--task", default="sst2")
+    p.add_argument("--metric", default=None, help="the task's metric the gains are read on (default: its primary, "
+                   "e.g. acc for sst2, entity_f1 for bc5cdr)")
     p.add_argument("--parallel", type=int, default=2, help="jobs at once, one core and one thread each")
     p.add_argument("--cores", nargs="+", type=int, default=None, help="the cores to pin jobs to (default: the first "
                    "--parallel); e.g. --cores 1 to run beside another benchmark on core 0")
@@ -103,6 +105,16 @@ def run_job(a, minutes: float, seed: int, core: int | None, work: Path) -> dict:
     return {"minutes": minutes, "seed": seed, "core": core, "wall_s": time.time() - t0, "dir": str(out)}
 
 
+def metric_of(a) -> str:
+    """--metric, or the task's primary metric (mlmlab/tasks/<task>.yaml)."""
+    if a.metric or a.quick:
+        return a.metric or "acc"
+    sys.path.insert(0, str(REPO_ROOT))
+    from mlmlab.data.tasks import TASKS
+
+    return TASKS[a.task].main_metric
+
+
 def row(a, job: dict) -> dict:
     r = json.loads((Path(job["dir"]) / "results.json").read_text())
     m, t = r["metrics"], r.get("timings_s") or {}
@@ -111,15 +123,16 @@ def row(a, job: dict) -> dict:
            "val_loss": m.get("val/mlm_loss_r15"), "torch_threads": r["machine"].get("torch_threads"),
            "commit": (r.get("git") or {}).get("commit"), "gains": {}}
     task = "builtin_sentiment" if a.quick else a.task
+    metric = metric_of(a)
     for n in ([] if a.screen else a.labels):
         out.setdefault("scored_on", (r["downstream"].get(f"{task}@{n}") or {}).get("reported_split"))
-        key = f"gain/{task}@{n}/acc"
+        key = f"gain/{task}@{n}/{metric}"
         g = m.get(key)
         half = m.get(f"{key}_ci95")
         out["gains"][str(n)] = {"gain": g, "low": None if g is None or half is None else g - half,
                                 "high": None if g is None or half is None else g + half, "p": m.get(f"{key}_p"),
-                                "acc": m.get(f"downstream/{task}@{n}/acc"),
-                                "random_init": m.get(f"random_init/{task}@{n}/acc")}
+                                metric: m.get(f"downstream/{task}@{n}/{metric}"),
+                                "random_init": m.get(f"random_init/{task}@{n}/{metric}")}
     return out, r
 
 
@@ -181,6 +194,7 @@ def main(argv=None) -> int:
     from mlmlab.hardware import cpu_kind
 
     payload = {"machine": machine(), "cpu": cpu_kind(), "versions": versions(), "overrides": a.overrides, "task": a.task,
+               "metric": None if a.screen else metric_of(a),
                "labels": a.labels, "steps": a.steps, "beside": a.beside, "parallel": len(cores), "cores": cores, "screen": a.screen, "quick": a.quick,
                "score_split": None if a.screen else a.score_split,
                "total_wall_s": time.time() - t0, "records": str(records.relative_to(REPO_ROOT))

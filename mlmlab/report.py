@@ -389,10 +389,8 @@ def _declared(row: dict, base: Path) -> str:
 def _sequential_words(row: dict, base: Path, part, words: list[str]) -> list[str]:
     """A findings row of a sequential sweep (``sequential: <folder under docs/results>``): each arm's verdict is the
     one its question-adjusted stagewise-ordering p gives (the regime gate first), with where the rule stopped (look
-    and seeds) -- and, where the adjustment over the question undoes the rule's own decision, both -- and the wall
-    time from the first job's start to the last job's end, from the jobs' records."""
-    import datetime
-
+    and seeds) -- and, where the adjustment over the question undoes the rule's own decision, both -- and its cost
+    (:func:`_cost`), from the jobs' records."""
     folder = base / row["sequential"]
     s = _load(folder / "sequential.json")
     out = []
@@ -408,11 +406,26 @@ def _sequential_words(row: dict, base: Path, part, words: list[str]) -> list[str
                        "question)")
         else:
             out.append(f"{w} ({where})")
+    return [f"{w}; {_cost(folder, s)}" for w in out]
+
+
+def _cost(folder: Path, state: dict) -> str:
+    """What a sequential sweep's answer cost, from its records: the wall time from the first job's start to the last
+    job's end (rounds run in separate sessions count the time between them), the jobs' own minutes summed (each job
+    holds one core), and the same for the fixed design the rule replaced (every arm at the plan's ``max_seeds``, at
+    the mean minutes of a job of this sweep)."""
+    import datetime
+
     stamp = lambda t: datetime.datetime.strptime(t, "%Y-%m-%dT%H:%M:%S%z").timestamp()  # noqa: E731
     recs = [_load(f) for f in sorted(folder.rglob("results.json"))]
     minutes = (max(stamp(r["finished_at"]) for r in recs) - min(stamp(r["started_at"]) for r in recs)) / 60
-    del s
-    return [f"{w}; {len(recs)} jobs in {minutes // 60:.0f} h {minutes % 60:02.0f} min" for w in out]
+    job_min = [(stamp(r["finished_at"]) - stamp(r["started_at"])) / 60 for r in recs]
+    text = f"{len(recs)} jobs in {minutes // 60:.0f} h {minutes % 60:02.0f} min, {sum(job_min):.0f} job-minutes"
+    arms, max_seeds = len(state.get("arms", [])) + 1, (state.get("plan") or {}).get("max_seeds")
+    if max_seeds and arms > 1:  # the fixed design: every arm (and the baseline) at max_seeds
+        n = arms * int(max_seeds)
+        text += f" (fixed design: {n} jobs, ~{n * sum(job_min) / len(job_min):.0f})"
+    return text
 
 
 def _interval(g, scale: float, dg: int) -> str:

@@ -372,8 +372,8 @@ def test_a_question_over_two_tables_is_adjusted_as_one(repo: Path):
 def test_findings_row_of_a_sequential_sweep_takes_the_rules_decision_and_wall_time(repo: Path):
     """A sweep run in rounds (``sequential:``): its primary row carries the sequential rule's inference, re-scored from
     the records under the plan its sequential.json ran (the repeated CI at the look it stopped, the stagewise-ordering
-    p, the design's power in place of a fixed-n MDD), the verdict with where it stopped, and the wall time from the
-    first job's start to the last job's end; a sequential.json that the records contradict is an error."""
+    p, the design's power in place of a fixed-n MDD), the verdict with where it stopped, and its cost: the wall time
+    from the first job's start to the last job's end, the jobs' minutes summed, and the fixed design's; a sequential.json that the records contradict is an error."""
     sweep = repo / "docs" / "results" / "sweep"
     times = iter(["2026-12-06T10:00:00+0000", "2026-12-06T10:20:00+0000", "2026-12-06T10:00:05+0000",
                   "2026-12-06T10:21:00+0000", "2026-12-06T10:20:00+0000", "2026-12-06T11:04:00+0000",
@@ -392,7 +392,8 @@ def test_findings_row_of_a_sequential_sweep_takes_the_rules_decision_and_wall_ti
             "  metrics:\n    - {key: downstream/t/acc, label: acc, scale: 100, fmt: .1f}\n"
             "f:\n  kind: findings\n  compact: true\n  rows:\n    - {question: q1, sweep: s, table: t1, sequential: sweep}\n")
     row = _findings_row(repo, spec)
-    assert row.endswith("**0.4 better (sequential rule stopped at look 1 of 4, 2 seeds); 4 jobs in 1 h 05 min** |"), row
+    assert row.endswith("**0.4 better (sequential rule stopped at look 1 of 4, 2 seeds); 4 jobs in 1 h 05 min, "
+                        "129 job-minutes (fixed design: 16 jobs, ~516)** |"), row  # 20 + 20.9 + 44 + 44 minutes
     assert "(repeated CI, look 1 of 4), stagewise p " in row, row
     arm = next(line for line in (repo / "README.md").read_text().splitlines() if line.startswith("| acc"))
     assert "(stagewise)" in arm and "design power " in arm and " at ±1, " in arm, arm
