@@ -306,7 +306,7 @@ def child_error(stderr: str) -> str:
     mine = [x for x in lines if x.startswith("error: ")]
     if mine:
         return re.sub(r" \(record: [^)]*\)$", "", mine[-1][len("error: "):])
-    rest = [x for x in lines if "HYDRA_FULL_ERROR" not in x]
+    rest = [x for x in lines if "HYDRA_FULL_ERROR" not in x and not x.startswith("See https://hydra.cc")]
     return rest[-1] if rest else "(no output)"
 
 
@@ -325,9 +325,11 @@ def pretrained_start(overrides: list[str], cache_dir: str, data_dir: str | None)
         with tempfile.TemporaryDirectory(dir=tmp.parent, prefix=".run") as run:
             # hydra.run.dir: the start's job writes only in this temporary folder (no outputs/<date>/<time> left in
             # the user's folder); HYDRA_FULL_ERROR=0: its error is its own one line, kept (the folder is deleted)
+            # the cache dir expanded: Hydra's override grammar refuses a value that starts with "~"
             cmd = [sys.executable, "-m", "mlmlab.train", *overrides, "downstream.tasks=[]",
                    "downstream.random_init_baseline=false", "logger=none", f"paths.output_dir={run}",
-                   f"hydra.run.dir={run}", f"paths.cache_dir={cache_dir}", "trainer.enable_progress_bar=false"]
+                   f"hydra.run.dir={run}", f"paths.cache_dir={os.path.expanduser(cache_dir)}",
+                   "trainer.enable_progress_bar=false"]
             env = {**os.environ, "HYDRA_FULL_ERROR": "0", **({"MLMLAB_DATA_DIR": str(data_dir)} if data_dir else {})}
             log.info("init.pretrain: making the start once: %s", " ".join(cmd[1:]))
             r = subprocess.run(cmd, env=env, capture_output=True, text=True)

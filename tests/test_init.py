@@ -179,3 +179,25 @@ def test_init_pretrain_errors_say_the_start_s_own_error(tmp_path, cache_dir):
     last = p.stderr.strip().splitlines()[-1]
     assert p.returncode != 0 and "the start's job failed: model.norm='sideways' is not known; allowed: post, pre" in last
     assert ".run" not in last  # no path of the start's deleted folder
+
+
+def test_init_pretrain_passes_the_cache_dir_expanded(tmp_path, monkeypatch):
+    """paths.cache_dir's default starts with "~", which Hydra's override grammar refuses in the start's command line:
+    the start's job gets it expanded; a grammar error reads as its own line, not as Hydra's pointer to its docs."""
+    import subprocess
+
+    from mlmlab.init import child_error, pretrained_start
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    seen = []
+
+    def fake_run(cmd, **kw):
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "hydra.errors.OverrideParseException: LexerNoViableAltException: "
+                                           "x=~/y\nSee https://hydra.cc/docs/1.2/advanced/override_grammar/basic for "
+                                           "details\n")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    with pytest.raises(ConfigError, match=r"the start's job failed: hydra.errors.OverrideParseException: "):
+        pretrained_start(["debug=fast", "seed=0"], "~/.cache/mlmlab", None)
+    assert f"paths.cache_dir={tmp_path}/.cache/mlmlab" in seen[0] and not any("=~" in c for c in seen[0])
