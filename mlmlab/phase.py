@@ -236,6 +236,8 @@ OPTIONS = {
                     "MLMLAB_DATA_DIR)"),
     "cache_dir": Opt("the cache of tokenizers, blocks and references (default env MLMLAB_CACHE_DIR, else "
                      "~/.cache/mlmlab)"),
+    "write": Opt("also merge each phase into this JSON file, keyed by the record's path relative to the file's folder "
+                 "(docs/results/phases.json: what mlmlab.report reads for published records made before the phase)"),
 }
 
 
@@ -244,6 +246,8 @@ def _main(a) -> int:
         print(f"{PROG}: margin={a.margin:g} must be a finite number of nats >= 0", file=sys.stderr)
         return 2
     failed = 0
+    out = Path(a.write) if a.write else None
+    written = json.loads(out.read_text()) if out is not None and out.is_file() else {}
     for source in [a.source, *(a.also or [])]:
         try:
             paths = _records(source)
@@ -259,6 +263,13 @@ def _main(a) -> int:
                 continue
             print(f"{path}: {ph['label']} ({ph['metric']} {ph['mlm_loss']:.4f}, unigram {ph['unigram']:.4f}, "
                   f"bigram {ph['bigram']:.4f}, margin {ph['margin']:g}; {ph['source']})")
+            if out is not None:
+                rel = os.path.relpath(path.resolve(), out.resolve().parent)
+                written[rel] = {k: v for k, v in ph.items() if k != "source"} | {
+                    "source": "recorded" if ph["source"] == "recorded" else "python -m mlmlab.phase"}
+    if out is not None:
+        out.write_text(json.dumps(dict(sorted(written.items())), indent=1) + "\n")
+        print(f"wrote {out} ({len(written)} records)")
     return 1 if failed else 0
 
 

@@ -103,7 +103,7 @@ def _runs_table(spec: dict, base: Path) -> str:
     mean ± 95% t CI), ``gain`` (pretrained minus random init -- or ``vs: start``, the encoder a continued pretraining
     started from -- paired by fine-tuning seed, in points ± CI; ``p`` for its p-value), ``steps_tokens``, ``reach`` (tokens
     and training minutes until the validation curve's ``key``, default ``val/mlm_loss_r15``, is <= ``threshold``),
-    ``loss_at`` (that loss after ``minutes`` of training). A row's ``baseline`` names another record whose random-init arm it pairs with (a job
+    ``loss_at`` (that loss after ``minutes`` of training), ``phase`` (the encoder's phase, :func:`_phase_label`). A row's ``baseline`` names another record whose random-init arm it pairs with (a job
     run with ``downstream.random_init_baseline=false``); a row's fields fill ``{...}`` in a column's keys (a key left
     empty, ``metric:``, prints ``-``); ``stat: std`` gives ± the std over fine-tuning seeds instead of the CI."""
     heads = [c["head"] for c in spec["columns"]]
@@ -115,7 +115,8 @@ def _runs_table(spec: dict, base: Path) -> str:
         for col in spec["columns"]:
             kind = col.get("kind", "key")
             try:
-                cells.append(_cell(kind, col, row, rec, other))
+                cells.append(_phase_label(rec, row["run"], base) if kind == "phase" else
+                             _cell(kind, col, row, rec, other))
             except ReportError as e:
                 raise ReportError(f"{row['run']}, column {col['head']!r}: {e}") from None
         rows.append(cells)
@@ -161,7 +162,62 @@ def _cell(kind: str, col: dict, row: dict, rec: dict, other: dict) -> str:
             return _fmt(p, "p")
         text = f"{100 * mean:+.1f} ± {100 * ci:.1f}"
         return f"**{text}**" if mean - ci > 0 else text  # bold: the CI excludes 0 in favour of pretraining
-    raise ReportError(f"column kind {kind!r} is not known; allowed: label, key, steps_tokens, reach, loss_at, ci, gain, p")
+    raise ReportError(f"column kind {kind!r} is not known; allowed: label, key, steps_tokens, reach, loss_at, phase, ci, "
+                      "gain, p")
+
+
+PHASES = "phases.json"  # docs/results/phases.json: python -m mlmlab.phase <records> write=docs/results/phases.json
+
+
+def _phase_label(rec: dict, run: str, base: Path) -> str:
+    """The phase of a record's encoder (:mod:`mlmlab.phase`): as the job recorded it, else as ``python -m mlmlab.phase
+    ... write=docs/results/phases.json`` computed it for a record made before the phase existed (keyed by the record's
+    path under docs/results), else "not recorded"."""
+    if rec.get("phase"):
+        return rec["phase"]["label"]
+    f = base / PHASES
+    ph = (_load(f) if f.is_file() else {}).get(str(Path(run).as_posix()))
+    return ph["label"] if ph else "not recorded"
+
+
+def _phases(spec: dict, base: Path) -> str:
+    """The phases of a compare table's encoders (every record of its ``source`` folders): "past the drop (8 of 8)"."""
+    import collections
+
+    sources = spec["source"] if isinstance(spec["source"], list) else [spec["source"]]
+    paths = [p for src in sources for p in sorted((base / src).rglob("results.json"))]
+    labels = collections.Counter(_phase_label(_load(p), p.relative_to(base).as_posix(), base) for p in paths)
+    return "; ".join(f"{k} ({v} of {len(paths)})" for k, v in labels.most_common())
+
+
+def _stability_table(spec: dict, base: Path) -> str:
+    """Does a verdict survive the loss drop? Per question (``rows``: ``question``, ``before`` and ``after``, each
+    ``{table, sequential (optional), budget}``: a compare table with a declared question, at an early budget and past
+    the drop) and arm: each side's budget, its encoders' phase, the effect on the primary metric with its interval
+    over seeds and the verdict (the findings row's, sequential rule included), and what changed."""
+    rows = []
+    for row in spec["rows"]:
+        sides = []
+        for side in ("before", "after"):
+            s = row[side]
+            part, m, scale, dg = _primary_rows({"question": row["question"], "table": s["table"]}, base, _SPECS)
+            words = [_say(r, scale, dg) for _, r in part.iterrows()]
+            if s.get("sequential"):
+                words = [w.rsplit("; ", 1)[0] for w in _sequential_words(s, base, part, words)]
+            sides.append(({r["arm"]: (r, w) for (_, r), w in zip(part.iterrows(), words)}, s, scale, dg,
+                          _phases(_SPECS[s["table"]], base)))
+        (early, s0, sc0, d0, ph0), (late, s1, sc1, d1, ph1) = sides
+        for arm in [a for a in late if a in early]:
+            (r0, w0), (r1, w1) = early[arm], late[arm]
+            same = (r0["diff"] > 0) == (r1["diff"] > 0)
+            decided = [w.split(" (")[0].endswith(" better") for w in (w0, w1)]
+            change = ("same direction" if same else "reversed") + (
+                ", decided at both" if all(decided) else ", decided only past the drop" if decided[1]
+                else ", decided only at the early budget" if decided[0] else ", decided at neither")
+            rows.append([row["question"], f"{r1['arm']} vs {r1['baseline']}", s0["budget"], ph0, _effect(r0, sc0, d0),
+                         w0, s1["budget"], ph1, _effect(r1, sc1, d1), f"**{w1}**", change])
+    return _md(["question", "arms", "early budget", "phase", "effect (95% CI over seeds)", "verdict",
+                "past the drop", "phase", "effect (95% CI over seeds)", "verdict", "what changed"], rows)
 
 
 _QUESTIONS: dict[str, object] = {}  # one render of the docs: a compare table's question rows, reused by findings
@@ -574,7 +630,8 @@ def _bench_table(spec: dict, root: Path) -> str:
             f"{dates[0]} to {dates[-1]}")
 
 
-KINDS = {"runs": _runs_table, "compare": _compare_table, "items": _items_table, "bench": None, "findings": None}
+KINDS = {"runs": _runs_table, "compare": _compare_table, "items": _items_table, "bench": None, "findings": None,
+         "stability": _stability_table}
 
 
 # --------------------------------------------------------------------------------------------------------- plumbing

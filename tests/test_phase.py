@@ -127,6 +127,15 @@ def test_phase_rule_and_the_phase_of_an_old_record(two_jobs, capsys):
                            "the cache")
     assert main([str(root / "trained"), "margin=100"]) == 0  # the record's own references, another margin
     assert ": lexical (" in capsys.readouterr().out
+    out = root / "results" / "phases.json"  # write=: merged into a JSON keyed by the path relative to its folder
+    out.parent.mkdir()
+    assert main([str(root / "old"), f"cache_dir={cache}", f"write={out}"]) == 0
+    assert main([str(root / "trained"), f"write={out}"]) == 0
+    written = json.loads(out.read_text())
+    assert set(written) == {"../old/results.json", "../trained/results.json"}
+    assert written["../old/results.json"]["label"] == ph["label"]
+    assert written["../old/results.json"]["source"] == "python -m mlmlab.phase"
+    assert written["../trained/results.json"]["source"] == "recorded"
 
 
 def test_a_negative_phase_margin_is_a_one_line_error_naming_the_key(cfg_factory):

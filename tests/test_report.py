@@ -417,3 +417,41 @@ def test_check_fails_on_a_table_typed_by_hand(repo: Path):
         "<!-- not measured --> on the line above)"]
     (repo / "README.md").write_text("# x\n\n<!-- not measured -->\n| a | b |\n| --- | --- |\n| 1 | 2 |\n")
     assert report.update(repo, check=True) == []
+
+
+def test_stability_table_sets_two_budgets_side_by_side_with_their_phases(repo: Path):
+    """kind: stability -- per question and arm, the effect and verdict at the early budget and past the drop, each
+    side's phase from its records (recorded, or docs/results/phases.json for records made before the phase), and what
+    changed; a runs table's phase column reads the same."""
+    res = repo / "docs" / "results"
+    for name, scores, phase in (("early", (0.70, 0.71, 0.69, 0.68, 0.70, 0.715), None),
+                                ("late", (0.70, 0.75, 0.72, 0.77, 0.71, 0.761), "past the drop")):
+        for i, (rate, seed) in enumerate([(0.15, 0), (0.4, 0), (0.15, 1), (0.4, 1), (0.15, 2), (0.4, 2)]):
+            d = res / name / str(i)
+            d.mkdir(parents=True)
+            rec = {"status": "ok", "config": {"seed": seed, "mask": {"rate": rate}},
+                   "metrics": {"downstream/t/acc": scores[i], "gain/t/acc": 0.05 + 0.01 * seed}}
+            if phase:
+                rec["phase"] = {"label": phase}
+            (d / "results.json").write_text(json.dumps(rec))
+    (res / "phases.json").write_text(json.dumps({f"early/{i}/results.json": {"label": "lexical"} for i in range(5)}))
+    compare = "  kind: compare\n  by: mask.rate\n  baseline: 0.15\n  question: {primary: downstream/t/acc}\n" \
+              "  metrics:\n    - {key: downstream/t/acc, label: acc, scale: 100, fmt: .1f}\n"
+    spec = (f"a:\n  source: early\n{compare}b:\n  source: late\n{compare}"
+            "s:\n  kind: stability\n  rows:\n    - question: q1\n      before: {table: a, budget: B0}\n"
+            "      after: {table: b, budget: B1}\n"
+            "r:\n  kind: runs\n  rows:\n    - {label: x, run: early/0/results.json}\n"
+            "    - {label: y, run: early/5/results.json}\n    - {label: z, run: late/0/results.json}\n"
+            "  columns:\n    - {head: run, kind: label}\n    - {head: phase, kind: phase}\n")
+    (res / "tables.yaml").write_text(spec)
+    (repo / "README.md").write_text("".join(f"<!-- table: {t} -->\n<!-- /table -->\n" for t in "absr"))
+    report.update(repo)
+    text = (repo / "README.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| q1"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:4] == ["0.4 vs 0.15", "B0", "lexical (5 of 6); not recorded (1 of 6)"], cells
+    assert cells[6:8] == ["B1", "past the drop (6 of 6)"], cells
+    assert cells[4].startswith("+0.5 [") and "better" not in cells[5], cells  # early: +1, -1, +1.5 points
+    assert cells[8].startswith("+5.0 [") and cells[9] == "**0.4 better**", cells  # late: +5, +5, +5.1 points
+    assert cells[10] == "same direction, decided only past the drop", cells
+    assert "| x | lexical |" in text and "| y | not recorded |" in text and "| z | past the drop |" in text
