@@ -72,6 +72,8 @@ def test_sweep_file_expands_to_the_jobs_it_says(name):
     for job in jobs:
         # these read ../shared/data: validated where it is present
         real = {"replacement_dist": "finance_corpus", "real_en_rates": "imdb", "real_en_fast_rates": "imdb", "real_en_drop_rates": "imdb",
+                "real_en_drop_schedules": "imdb", "real_en_drop_keep": "imdb", "real_medical_drop_keep": "medical",
+                "real_medical_drop_replacement": "medical",
                 "real_en_electra": "imdb",
                 "real_en_fast_electra": "imdb", "real_en_fast_electra_mlm": "imdb",
                 "real_zh_units": "zh_corpus", "real_en_electra_curriculum": "imdb", "real_en_schedules": "imdb", "real_en_ratios": "imdb",
@@ -87,8 +89,8 @@ def test_sweep_file_expands_to_the_jobs_it_says(name):
             key = k.replace("/", ".")
             node = OmegaConf.select(c, key)
             if OmegaConf.is_config(node):  # a group choice (mask=..., mask/sampler=...) or a dict value
-                node = node.get("name", node.get("_target_")) if not k.endswith("replace") else \
-                    tuple(node[x] for x in ("mask", "random", "keep"))
+                node = node.get("name", (node.get("_target_"), node.get("mix"))) if not k.endswith("replace") \
+                    else tuple(node[x] for x in ("mask", "random", "keep"))  # a sampler: its class and mix
             seen[k].add(node)
     for k, v in params.items():
         assert len(seen[k]) == len(v.list), (k, seen[k])
