@@ -186,7 +186,7 @@ def test_init_pretrain_passes_the_cache_dir_expanded(tmp_path, monkeypatch):
     the start's job gets it expanded; a grammar error reads as its own line, not as Hydra's pointer to its docs."""
     import subprocess
 
-    from mlmlab.init import child_error, pretrained_start
+    from mlmlab.init import pretrained_start
 
     monkeypatch.setenv("HOME", str(tmp_path))
     seen = []

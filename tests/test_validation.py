@@ -58,7 +58,7 @@ BAD = [
     (["mask.rate=0"], "mask.rate=0.0 must be in the open interval (0, 1)"),
     (["mask.replace.mask=0.9"], "must sum to 1"),
     (["mask.replace.random=-0.1", "mask.replace.mask=1.0"], "mask.replace.random=-0.1 must be >= 0"),
-    (["downstream.tasks=[nope]"], "downstream.tasks[0]='nope' is not known; allowed: blimp, builtin_sentiment, builtin_topic"),
+    (["downstream.tasks=[nope]"], "downstream.tasks[0]='nope' is not known; allowed: bc5cdr, blimp, builtin_sentiment, builtin_topic"),
     (["data=text_files", "data.path=/does/not/exist"], "data.path='/does/not/exist' does not exist"),
     (["data.max_seq_len=256"], "exceeds model.max_position_embeddings=128"),
     (["tokenizer.vocab_size=3"], "must be larger than the 5 special tokens"),
